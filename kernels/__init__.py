@@ -1,0 +1,1 @@
+"""Triton kernels of radixkv (installed as `radixkv.kernels`)."""

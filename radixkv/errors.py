@@ -1,0 +1,49 @@
+"""Typed errors a user (or a calling layer) can act on.
+
+Every error names what is at fault -- the flag, field, file, page id or request -- and is raised
+before any state is changed, so a caught error never leaves the pool or the tree half-updated.
+"""
+
+from __future__ import annotations
+
+
+class RadixKVError(Exception):
+    """Base class of every error radixkv raises on purpose."""
+
+
+class ConfigError(RadixKVError, ValueError):
+    """A configuration value is invalid; the message names the field and the accepted range."""
+
+
+class OutOfPagesError(RadixKVError):
+    """The KV pool has fewer free pages than an allocation needs (after eviction, if any)."""
+
+    def __init__(self, requested: int, free: int, page_size: int):
+        super().__init__(
+            f"KV pool out of memory: requested {requested} page(s) of {page_size} token(s), "
+            f"only {free} free"
+        )
+        self.requested = requested
+        self.free = free
+
+
+class InvalidPageError(RadixKVError, ValueError):
+    """A page id was freed twice, never allocated, out of range, or is the reserved padding page."""
+
+
+class CacheInvariantError(RadixKVError, AssertionError):
+    """An internal invariant of the KV pool or radix cache does not hold (a bug, not user error)."""
+
+
+class ModelLoadError(RadixKVError, ValueError):
+    """A model cannot be loaded: missing file, unsupported architecture, bad or missing tensor.
+
+    The message names the file and, where one is at fault, the tensor.
+    """
+
+
+class InvalidRequestError(RadixKVError, ValueError):
+    """A request is malformed (bad sampling parameter, empty or too long prompt, bad token id).
+
+    Raised before the request touches the scheduler; the message names the field at fault.
+    """

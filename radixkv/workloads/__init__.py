@@ -1,0 +1,1 @@
+"""Workloads for benchmarks and tests: real request traces and synthetic chat traces."""

@@ -1,0 +1,186 @@
+"""Replay a trace through the real RadixCache + PageAllocator and count prefix hits.
+
+Each request, in file order, does what the scheduler does for it: match its prompt, lock the
+match, allocate pages for the rest (evicting unlocked leaves when short), then cache the whole
+prompt and unlock. A prompt larger than the whole pool is served uncached.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import time
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+
+from radixkv.mem import (
+    BeladyPolicy,
+    EvictionPolicy,
+    NoCache,
+    PageAllocator,
+    PrefixCache,
+    RadixCache,
+    SeqPages,
+    TreeNode,
+    make_policy,
+)
+from radixkv.workloads.trace import BLOCK_SIZE, TraceRequest, expand_tokens, rehash
+
+OFFLINE_POLICIES = ("belady",)
+BOUNDS = ("none", "inf")
+"""Pseudo-policies: `none` disables the cache, `inf` gives it room for the whole trace."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayResult:
+    policy: str
+    page_size: int
+    capacity_tokens: int
+    requests: int
+    prompt_tokens: int
+    hit_tokens: int
+    hit_rate: float
+    seconds: float
+    tokens_per_second: float
+    evicted_tokens: int
+    uncached_requests: int
+    prefill_work: float  # recompute cost of all prompt tokens (see `token_cost`)
+    prefill_work_saved: float  # cost of the tokens served from the cache
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def token_cost_prefix_sum(n: int, attention_scale: int) -> float:
+    """Recompute cost of tokens at positions [0, n): each costs `1 + position / attention_scale`.
+
+    A token's prefill cost is its linear layers (constant) plus its attention over everything
+    before it (linear in its position); `attention_scale` is the context length at which the two
+    are equal (about 8-16k tokens for 1-8B models), so deep tokens cost more to rebuild.
+    """
+    return n + n * (n - 1) / (2 * attention_scale)
+
+
+class BeladyOracle:
+    """Next use of a tree node, read from the future of the trace (for `BeladyPolicy`).
+
+    Eviction takes a leaf's pages from its tail, so a leaf is ranked by its last page: it is
+    next used by the first later request that holds that whole page, i.e. whose block at the
+    page's last token has the same prefix id and reaches that token.
+    """
+
+    def __init__(self, trace: Sequence[TraceRequest], block_size: int = BLOCK_SIZE):
+        self.block_size = block_size
+        self.now = 0
+        self._uses: dict[int, tuple[list[int], list[int]]] = defaultdict(lambda: ([], []))
+        for i, req in enumerate(trace):
+            last = len(req.hash_ids) - 1
+            for b, h in enumerate(req.hash_ids):
+                length = block_size if b < last else req.input_length - block_size * last
+                idx, lens = self._uses[h]
+                idx.append(i)
+                lens.append(length)
+
+    def _block_of(self, node: TreeNode, position: int) -> tuple[int, int]:
+        """(prefix id, offset in its block) of the token at `position` (inside `node`)."""
+        offset = position % self.block_size
+        target = position - offset  # position of the block's first token (the prefix id)
+        while node.depth > target:
+            node = node.parent
+        return node.key[target - node.depth], offset
+
+    def __call__(self, node: TreeNode, end: int) -> float:
+        h, offset = self._block_of(node, node.depth + end - 1)
+        idx, lens = self._uses.get(h, ((), ()))
+        for j in range(bisect.bisect_right(idx, self.now), len(idx)):
+            if lens[j] > offset:
+                return float(idx[j])
+        return math.inf
+
+
+def build_cache(
+    policy: str | EvictionPolicy,
+    capacity_tokens: int,
+    page_size: int,
+    trace: Sequence[TraceRequest],
+    block_size: int = BLOCK_SIZE,
+) -> tuple[PrefixCache, BeladyOracle | None]:
+    if policy in BOUNDS:  # room for the whole trace: nothing is ever evicted
+        capacity_tokens = sum(r.input_length for r in trace) + page_size
+    allocator = PageAllocator(max(1, capacity_tokens // page_size), page_size)
+    if policy == "none":
+        return NoCache(allocator), None
+    if policy == "inf":
+        return RadixCache(allocator, "lru"), None
+    if policy == "belady":
+        oracle = BeladyOracle(trace, block_size)
+        return RadixCache(allocator, BeladyPolicy(oracle)), oracle
+    return RadixCache(allocator, make_policy(policy)), None
+
+
+def replay(
+    trace: Sequence[TraceRequest],
+    policy: str | EvictionPolicy = "lru",
+    capacity_tokens: int = 5_120_000,
+    page_size: int = BLOCK_SIZE,
+    block_size: int = BLOCK_SIZE,
+    attention_scale: int = 8192,
+    progress: Callable[[int], None] | None = None,
+    check_every: int = 0,
+) -> ReplayResult:
+    """Replay `trace` through a cache of `capacity_tokens`; `check_every` > 0 runs the
+    invariant check every that many requests (slow; for tests).
+
+    A trace with real `input_ids` is first rehashed at page granularity, so the replay shares
+    exactly the pages the real tokens would share.
+    """
+    if trace and all(r.input_ids is not None for r in trace):
+        trace, block_size = rehash(trace, page_size), page_size
+    cache, oracle = build_cache(policy, capacity_tokens, page_size, trace, block_size)
+    allocator = cache.allocator
+    name = policy if isinstance(policy, str) else policy.name
+    hit_tokens = prompt_tokens = uncached = 0
+    work = saved = 0.0
+    start = time.perf_counter()
+    for i, req in enumerate(trace):
+        key = expand_tokens(req, block_size)
+        if oracle is not None:
+            oracle.now = i
+        match = cache.match_prefix(key)
+        hit_tokens += match.num_tokens
+        prompt_tokens += len(key)
+        work += token_cost_prefix_sum(len(key), attention_scale)
+        saved += token_cost_prefix_sum(match.num_tokens, attention_scale)
+        cache.lock(match.last_node)
+        seq = SeqPages.from_prefix(allocator, match.pages, match.num_tokens)
+        need = seq.pages_needed(len(key) - match.num_tokens)
+        if allocator.free_pages < need:
+            cache.evict((need - allocator.free_pages) * page_size)
+        if allocator.free_pages >= need:
+            seq.extend(len(key) - match.num_tokens)
+            cache.cache_finished(key, seq, match.last_node)
+        else:  # larger than everything the pool can free: served without caching
+            uncached += 1
+            cache.unlock(match.last_node)
+            seq.release()
+        if check_every and i % check_every == 0:
+            cache.check_invariants(inflight_pages=0)
+        if progress is not None:
+            progress(1)
+    seconds = time.perf_counter() - start
+    return ReplayResult(
+        policy=name,
+        page_size=page_size,
+        capacity_tokens=allocator.total_tokens,
+        requests=len(trace),
+        prompt_tokens=prompt_tokens,
+        hit_tokens=hit_tokens,
+        hit_rate=hit_tokens / max(1, prompt_tokens),
+        seconds=seconds,
+        tokens_per_second=prompt_tokens / max(seconds, 1e-9),
+        evicted_tokens=cache.stats_evicted_tokens,
+        uncached_requests=uncached,
+        prefill_work=work,
+        prefill_work_saved=saved,
+    )

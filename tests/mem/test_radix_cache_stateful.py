@@ -1,0 +1,155 @@
+"""Random insert/match/lock/unlock/evict sequences against a naive reference.
+
+The reference is a dict of every cached page-aligned prefix (per namespace) to the page id that
+stores its last page. After every step the cache's own invariants must hold, including the
+page balance `free + cached + in-flight == total`.
+"""
+
+import hypothesis.strategies as st
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from radixkv.mem import POLICIES, BeladyPolicy, PageAllocator, RadixCache, SeqPages
+
+NUM_PAGES = 12
+keys = st.lists(st.integers(0, 3), min_size=0, max_size=14)
+namespaces = st.sampled_from([None, "ns-a"])
+
+
+def tree_prefixes(cache):
+    """{(namespace, prefix): page id of the prefix's last page} as stored in the tree."""
+    out = {}
+    size = cache.page_size
+
+    def walk(node, ns, prefix):
+        for ck, child in node.children.items():
+            child_ns = ck[0] if node is cache.root else ns
+            for i, page in enumerate(child.pages):
+                out[(child_ns, prefix + child.key[: (i + 1) * size])] = page
+            walk(child, child_ns, prefix + child.key)
+
+    walk(cache.root, None, ())
+    return out
+
+
+class CacheMachine(RuleBasedStateMachine):
+    policy = "lru"
+
+    @initialize(page_size=st.sampled_from([1, 2, 4]))
+    def setup(self, page_size):
+        self.size = page_size
+        policy = self.policy
+        if policy == "belady-synthetic":  # exercises page-granular eviction with a fake future
+            policy = BeladyPolicy(lambda node, end: float((node.depth + end) * 7919 % 13))
+        self.cache = RadixCache(PageAllocator(NUM_PAGES, page_size), policy)
+        self.ref: dict = {}  # (ns, prefix) -> page
+        self.running: list = []  # (key, ns, seq, last_node)
+
+    # -- the reference ---------------------------------------------------------------------
+    def expected_match(self, key, ns):
+        n, pages = 0, []
+        while n + self.size <= len(key) and (ns, tuple(key[: n + self.size])) in self.ref:
+            n += self.size
+            pages.append(self.ref[(ns, tuple(key[:n]))])
+        return n, pages
+
+    def check_match(self, key, ns):
+        m = self.cache.match_prefix(key, ns)
+        assert (m.num_tokens, m.pages) == self.expected_match(key, ns)
+        return m
+
+    def locked_prefixes(self):
+        out = set()
+        for key, ns, seq, node in self.running:
+            depth = 0
+            while node is not None and node is not self.cache.root:
+                depth += len(node.key)
+                node = node.parent
+            for n in range(self.size, depth + 1, self.size):
+                out.add((ns, tuple(key[:n])))
+        return out
+
+    # -- rules -----------------------------------------------------------------------------
+    @rule(key=keys, ns=namespaces)
+    def match(self, key, ns):
+        self.check_match(key, ns)
+
+    @rule(key=keys, ns=namespaces)
+    def start_request(self, key, ns):
+        m = self.check_match(key, ns)
+        self.cache.lock(m.last_node)
+        seq = SeqPages.from_prefix(self.cache.allocator, m.pages, m.num_tokens)
+        need = seq.pages_needed(len(key) - m.num_tokens)
+        alloc = self.cache.allocator
+        if alloc.free_pages < need:
+            self.cache.evict((need - alloc.free_pages) * self.size)
+            if alloc.free_pages < need:  # only when everything evictable is gone
+                assert self.cache.evictable_tokens == 0
+                self.cache.unlock(m.last_node)
+                seq.release()
+                self.sync_after_eviction()
+                return
+            self.sync_after_eviction()
+        seq.extend(len(key) - m.num_tokens)
+        self.running.append((key, ns, seq, m.last_node))
+
+    @precondition(lambda self: self.running)
+    @rule(data=st.data())
+    def finish_request(self, data):
+        i = data.draw(st.integers(0, len(self.running) - 1))
+        key, ns, seq, node = self.running.pop(i)
+        before = self.expected_match(key, ns)[0]
+        n = len(key) - len(key) % self.size
+        pages = list(seq.pages)
+        self.cache.cache_finished(key, seq, node, ns)
+        for end in range(before + self.size, n + 1, self.size):
+            self.ref[(ns, tuple(key[:end]))] = pages[end // self.size - 1]
+        assert seq.num_tokens == 0
+
+    @rule(num_tokens=st.integers(0, 3 * NUM_PAGES))
+    def evict(self, num_tokens):
+        evictable = self.cache.evictable_tokens
+        freed = self.cache.evict(num_tokens)
+        assert freed >= min(num_tokens, evictable) or self.cache.evictable_tokens == 0
+        if freed < num_tokens:
+            assert self.cache.evictable_tokens == 0
+        self.sync_after_eviction()
+
+    @precondition(lambda self: not self.running)
+    @rule()
+    def reset(self):
+        self.cache.reset()
+        self.ref.clear()
+        assert self.cache.allocator.free_pages == NUM_PAGES
+
+    def sync_after_eviction(self):
+        now = tree_prefixes(self.cache)
+        assert set(now.items()) <= set(self.ref.items()), "eviction invented a prefix"
+        assert self.locked_prefixes() <= set(now), "a locked prefix was evicted"
+        self.ref = now
+
+    # -- invariants ------------------------------------------------------------------------
+    @invariant()
+    def consistent(self):
+        if not hasattr(self, "cache"):
+            return
+        assert tree_prefixes(self.cache) == self.ref
+        tree_pages = set(self.ref.values())
+        inflight = set()
+        for _, _, seq, _ in self.running:
+            inflight.update(p for p in seq.pages if p not in tree_pages)
+        self.cache.check_invariants(inflight_pages=len(inflight))
+        locked = len(self.locked_prefixes()) * self.size
+        assert self.cache.protected_tokens == locked
+        assert self.cache.evictable_tokens == len(self.ref) * self.size - locked
+
+
+@pytest.mark.parametrize("policy", [*sorted(POLICIES), "belady-synthetic"])
+def test_radix_cache_matches_naive_reference(policy):
+    machine = type(f"CacheMachine_{policy}", (CacheMachine,), {"policy": policy})
+    machine.TestCase.settings = settings(
+        max_examples=60, stateful_step_count=40, deadline=None,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
+    machine.TestCase().runTest()

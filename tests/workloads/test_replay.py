@@ -1,0 +1,53 @@
+"""The trace simulator against the reference figures of ../shared/traces/README.md."""
+
+from pathlib import Path
+
+import pytest
+
+from radixkv.workloads.chat import ChatTraceConfig, generate_chat_trace, write_trace
+from radixkv.workloads.replay import replay
+from radixkv.workloads.trace import load_trace
+
+MOONCAKE = Path(__file__).resolve().parents[3] / "shared" / "traces" / "mooncake_conversation_trace.jsonl"
+needs_trace = pytest.mark.skipif(not MOONCAKE.is_file(), reason=f"{MOONCAKE} not present")
+
+
+@pytest.fixture(scope="module")
+def mooncake():
+    return load_trace(MOONCAKE)
+
+
+@needs_trace
+def test_unlimited_cache_reproduces_the_reference_hit_rate(mooncake):
+    result = replay(mooncake, "inf", page_size=512)
+    assert result.requests == 12031
+    assert abs(100 * result.hit_rate - 37.4) <= 0.2, result.hit_rate
+
+
+@needs_trace
+def test_lru_over_10000_pages_reproduces_the_reference_hit_rate(mooncake):
+    result = replay(mooncake, "lru", capacity_tokens=10_000 * 512, page_size=512)
+    assert abs(100 * result.hit_rate - 21.5) <= 0.5, result.hit_rate
+    assert result.evicted_tokens > 0
+
+
+@needs_trace
+def test_belady_bounds_the_online_policies_on_a_slice(mooncake):
+    head = mooncake[:1500]
+    rates = {p: replay(head, p, 1_000_000, check_every=1000).hit_rate
+             for p in ("lru", "lfu", "fifo", "belady", "inf", "none")}
+    assert rates["none"] == 0
+    assert max(rates["lru"], rates["lfu"], rates["fifo"]) <= rates["belady"] <= rates["inf"]
+
+
+def test_replay_of_a_chat_trace_hits_the_shared_history(tmp_path):
+    cfg = ChatTraceConfig(num_requests=80, num_conversations=10, system_tokens=64, seed=1)
+    path = tmp_path / "chat.jsonl"
+    write_trace(generate_chat_trace(cfg), path)
+    trace = load_trace(path)
+    big = replay(trace, "lru", 1_000_000, page_size=16, check_every=10)
+    tight = replay(trace, "lru", 2_000, page_size=16, check_every=10)
+    ceiling = replay(trace, "inf", page_size=16)
+    assert big.hit_rate == ceiling.hit_rate > 0.5
+    assert tight.hit_rate < big.hit_rate and tight.evicted_tokens > 0
+    assert big.prefill_work_saved <= big.prefill_work
