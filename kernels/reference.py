@@ -1,9 +1,13 @@
 """Torch reference implementations of the paged-attention kernels (same signatures).
 
 They are the ground truth for the Triton kernels' tests and, being plain gathers plus SDPA, the
-attention of the `torch` backend (the CPU default). They compute in fp32 and return the input
+attention of the `torch` backend (the CPU default). Each attention function is a *plan* (gather
+indices and masks, the same for every layer of one forward) plus an *apply*; the backend builds
+the plan once per forward and applies it per layer. They compute in fp32 and return the input
 dtype: exact enough to trust, and on CPU faster than bf16 matmuls.
 """
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -34,6 +38,61 @@ def visible_mask(
     return mask
 
 
+@dataclass(frozen=True)
+class ExtendPlan:
+    """Per-forward gather indices and masks of `extend_attention`, shared by every layer."""
+
+    spans: list[tuple[int, int]]  # per request with new tokens: (start in T, number of new tokens)
+    slots: list[torch.Tensor]  # per request: (L,) int64 KV slots of its whole sequence
+    masks: list[torch.Tensor]  # per request: (Tb, L) bool, query row sees kv column
+
+
+@dataclass(frozen=True)
+class DecodePlan:
+    """Per-forward gather indices and mask of `decode_attention`, shared by every layer."""
+
+    slots: torch.Tensor  # (B, L) int64, padding positions point at slot 0
+    mask: torch.Tensor  # (B, 1, 1, L) bool
+
+
+def plan_extend(
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    extend_start_loc: torch.Tensor,
+    sliding_window: int | None = None,
+) -> ExtendPlan:
+    # One host copy of the descriptors instead of a sync per request.
+    rows, lens = req_pool_indices.tolist(), seq_lens.tolist()
+    prefixes, starts = prefix_lens.tolist(), extend_start_loc.tolist()
+    spans, slots, masks = [], [], []
+    for row, seq_len, prefix_len, start in zip(rows, lens, prefixes, starts):
+        if seq_len == prefix_len:
+            continue
+        kv_pos = torch.arange(seq_len, device=req_to_token.device)  # (L,)
+        spans.append((start, seq_len - prefix_len))
+        slots.append(req_to_token[row, :seq_len].long())  # (L,)
+        masks.append(visible_mask(kv_pos[prefix_len:], kv_pos, sliding_window))  # (Tb, L)
+    return ExtendPlan(spans, slots, masks)
+
+
+def extend_attention_planned(
+    q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, plan: ExtendPlan, sm_scale: float
+) -> torch.Tensor:
+    """`extend_attention` with its gather indices and masks computed once per forward."""
+    o = torch.empty_like(q)  # (T, Hq, D)
+    for (start, n), slots, mask in zip(plan.spans, plan.slots, plan.masks):
+        k = k_buffer[slots].float().transpose(0, 1)  # (H_kv, L, D)
+        v = v_buffer[slots].float().transpose(0, 1)  # (H_kv, L, D)
+        q_b = q[start:start + n].float().transpose(0, 1)  # (Hq, Tb, D)
+        out = F.scaled_dot_product_attention(
+            q_b, k, v, attn_mask=mask, scale=sm_scale, enable_gqa=True
+        )  # (Hq, Tb, D)
+        o[start:start + n] = out.transpose(0, 1).to(q.dtype)  # (Tb, Hq, D)
+    return o
+
+
 def extend_attention(
     q: torch.Tensor,
     k_buffer: torch.Tensor,
@@ -56,27 +115,38 @@ def extend_attention(
     Returns o: (T, Hq, D) in q's dtype.
     """
     del max_extend_len
-    o = torch.empty_like(q)  # (T, Hq, D)
-    # One host copy of the descriptors instead of a sync per request.
-    rows = req_pool_indices.tolist()
-    lens = seq_lens.tolist()
-    prefixes = prefix_lens.tolist()
-    starts = extend_start_loc.tolist()
-    for row, seq_len, prefix_len, start in zip(rows, lens, prefixes, starts):
-        extend_len = seq_len - prefix_len
-        if extend_len == 0:
-            continue
-        slots = req_to_token[row, :seq_len].long()  # (L,)
-        k = k_buffer[slots].float().transpose(0, 1)  # (H_kv, L, D)
-        v = v_buffer[slots].float().transpose(0, 1)  # (H_kv, L, D)
-        q_b = q[start:start + extend_len].float().transpose(0, 1)  # (Hq, Tb, D)
-        kv_pos = torch.arange(seq_len, device=q.device)  # (L,)
-        mask = visible_mask(kv_pos[prefix_len:], kv_pos, sliding_window)  # (Tb, L)
-        out = F.scaled_dot_product_attention(
-            q_b, k, v, attn_mask=mask, scale=sm_scale, enable_gqa=True
-        )  # (Hq, Tb, D)
-        o[start:start + extend_len] = out.transpose(0, 1).to(q.dtype)  # (Tb, Hq, D)
-    return o
+    plan = plan_extend(req_to_token, req_pool_indices, seq_lens, prefix_lens, extend_start_loc,
+                       sliding_window)
+    return extend_attention_planned(q, k_buffer, v_buffer, plan, sm_scale)
+
+
+def plan_decode(
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    sliding_window: int | None = None,
+) -> DecodePlan:
+    max_len = int(seq_lens.max())
+    kv_pos = torch.arange(max_len, device=seq_lens.device)  # (L,)
+    in_seq = kv_pos[None, :] < seq_lens[:, None]  # (B, L)
+    # Positions past a request's length hold arbitrary slot ids: point them at slot 0.
+    slots = req_to_token[req_pool_indices, :max_len].long()  # (B, L)
+    slots = torch.where(in_seq, slots, 0)  # (B, L)
+    q_pos = (seq_lens - 1).unsqueeze(-1)  # (B, 1)
+    mask = visible_mask(q_pos, kv_pos.expand_as(in_seq), sliding_window) & in_seq[:, None, :]  # (B, 1, L)
+    return DecodePlan(slots, mask.unsqueeze(1))
+
+
+def decode_attention_planned(
+    q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, plan: DecodePlan, sm_scale: float
+) -> torch.Tensor:
+    """`decode_attention` with its gather indices and mask computed once per forward."""
+    k = k_buffer[plan.slots].float().permute(0, 2, 1, 3)  # (B, H_kv, L, D)
+    v = v_buffer[plan.slots].float().permute(0, 2, 1, 3)  # (B, H_kv, L, D)
+    out = F.scaled_dot_product_attention(
+        q.float().unsqueeze(2), k, v, attn_mask=plan.mask, scale=sm_scale, enable_gqa=True
+    )  # (B, Hq, 1, D)
+    return out.squeeze(2).to(q.dtype)  # (B, Hq, D)
 
 
 def decode_attention(
@@ -100,17 +170,5 @@ def decode_attention(
     del num_kv_splits
     if q.shape[0] == 0:
         return torch.empty_like(q)
-    max_len = int(seq_lens.max())
-    kv_pos = torch.arange(max_len, device=q.device)  # (L,)
-    in_seq = kv_pos[None, :] < seq_lens[:, None]  # (B, L)
-    # Positions past a request's length hold arbitrary slot ids: point them at slot 0.
-    slots = req_to_token[req_pool_indices, :max_len].long()  # (B, L)
-    slots = torch.where(in_seq, slots, 0)  # (B, L)
-    k = k_buffer[slots].float().permute(0, 2, 1, 3)  # (B, H_kv, L, D)
-    v = v_buffer[slots].float().permute(0, 2, 1, 3)  # (B, H_kv, L, D)
-    q_pos = (seq_lens - 1).unsqueeze(-1)  # (B, 1)
-    mask = visible_mask(q_pos, kv_pos.expand_as(in_seq), sliding_window) & in_seq[:, None, :]  # (B, 1, L)
-    out = F.scaled_dot_product_attention(
-        q.float().unsqueeze(2), k, v, attn_mask=mask.unsqueeze(1), scale=sm_scale, enable_gqa=True
-    )  # (B, Hq, 1, D)
-    return out.squeeze(2).to(q.dtype)  # (B, Hq, D)
+    plan = plan_decode(req_to_token, req_pool_indices, seq_lens, sliding_window)
+    return decode_attention_planned(q, k_buffer, v_buffer, plan, sm_scale)

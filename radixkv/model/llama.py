@@ -1,0 +1,92 @@
+"""Llama-family causal LM (Llama, Qwen2, Mistral) over the paged KV pool.
+
+The model holds no KV state of its own: every attention layer calls the attention backend with
+the `ForwardBatch`, which stores the new tokens' K/V into the pool and reads the rest of each
+request's KV through `req_to_token`. Parameter names follow Hugging Face except that q/k/v and
+gate/up are fused (`qkv_proj`, `gate_up_proj`); the loader maps the checkpoint onto them.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from radixkv.attention.backend import AttentionBackend
+from radixkv.attention.forward_batch import ForwardBatch
+from radixkv.model.config import ModelConfig
+from radixkv.model.layers import RMSNorm, RotaryEmbedding, SwiGLU, apply_rotary
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig, layer: int):
+        super().__init__()
+        self.layer = layer
+        self.num_heads = config.num_heads
+        self.num_kv_heads = config.num_kv_heads
+        self.head_dim = config.head_dim
+        self.q_size, self.kv_size = config.q_size, config.kv_size
+        self.sm_scale = config.head_dim**-0.5
+        self.sliding_window = config.sliding_windows[layer]
+        self.qkv_proj = nn.Linear(
+            config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.attention_bias
+        )
+        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
+
+    def forward(
+        self,
+        x: torch.Tensor,  # (T, H)
+        cos_sin: tuple[torch.Tensor, torch.Tensor],  # (T, 1, D/2) each
+        backend: AttentionBackend,
+        fb: ForwardBatch,
+    ) -> torch.Tensor:  # (T, H)
+        T = x.shape[0]
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(T, self.num_heads, self.head_dim)  # (T, Hq, D)
+        k = k.view(T, self.num_kv_heads, self.head_dim)  # (T, Hkv, D)
+        v = v.view(T, self.num_kv_heads, self.head_dim)  # (T, Hkv, D)
+        q, k = apply_rotary(q, k, *cos_sin)
+        o = backend.forward(q, k, v, self.layer, self.sm_scale, self.sliding_window, fb)  # (T, Hq, D)
+        return self.o_proj(o.reshape(T, self.q_size))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, layer: int):
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = Attention(config, layer)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = SwiGLU(config.hidden_size, config.intermediate_size)
+
+    def forward(self, x, cos_sin, backend, fb):  # (T, H) -> (T, H)
+        x = x + self.self_attn(self.input_layernorm(x), cos_sin, backend, fb)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaForCausalLM(nn.Module):
+    """Llama / Qwen2 / Mistral decoder; `forward` returns logits of `fb.logits_index` rows."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.rotary = RotaryEmbedding(config.head_dim, config.max_position_embeddings, config.rope)
+        if config.tie_word_embeddings:
+            self.lm_head = None
+        else:
+            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+
+    @property
+    def lm_head_weight(self) -> torch.Tensor:  # (V, H)
+        return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+
+    @torch.inference_mode()
+    def forward(self, fb: ForwardBatch, backend: AttentionBackend) -> torch.Tensor:  # (N, V)
+        backend.begin_forward(fb)
+        cos_sin = self.rotary.cos_sin(fb.positions)  # shared by every layer
+        x = self.embed_tokens(fb.input_ids)  # (T, H)
+        for layer in self.layers:
+            x = layer(x, cos_sin, backend, fb)
+        x = self.norm(x[fb.logits_index])  # (N, H): only the rows whose logits are asked for
+        return torch.nn.functional.linear(x, self.lm_head_weight).float()  # (N, V)

@@ -1,0 +1,112 @@
+"""SamplingParams: how one request's tokens are chosen and when it stops, validated on creation."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+from radixkv.errors import InvalidRequestError
+
+MAX_NEW_TOKENS_LIMIT = 1 << 20
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Per-request sampling and stopping (the SGLang / OpenAI meanings).
+
+    `temperature == 0` (or `top_k == 1`) is greedy decoding. `top_k <= 0` and `top_p == 1`
+    disable those filters. Penalties follow OpenAI (`frequency_penalty`, `presence_penalty`:
+    subtracted per occurrence / once, over generated tokens) and HF (`repetition_penalty`:
+    divides positive logits of prompt and generated tokens, multiplies negative ones).
+    """
+
+    max_new_tokens: int = 128
+    min_new_tokens: int = 0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    skip_special_tokens: bool = True
+    extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        def bad(name: str, why: str) -> InvalidRequestError:
+            return InvalidRequestError(f"sampling_params.{name}={getattr(self, name)!r}: {why}")
+
+        for name in ("stop", "stop_token_ids"):
+            if not isinstance(getattr(self, name), (tuple, list)):
+                raise bad(name, "must be a list")
+        for name in ("max_new_tokens", "min_new_tokens", "top_k"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise bad(name, "must be an integer")
+        if not 0 <= self.max_new_tokens <= MAX_NEW_TOKENS_LIMIT:
+            raise bad("max_new_tokens", f"must be in [0, {MAX_NEW_TOKENS_LIMIT}]")
+        if not 0 <= self.min_new_tokens <= self.max_new_tokens:
+            raise bad("min_new_tokens", "must be in [0, max_new_tokens]")
+        for name, lo, hi in (("temperature", 0.0, 100.0), ("top_p", 0.0, 1.0), ("min_p", 0.0, 1.0),
+                             ("frequency_penalty", -2.0, 2.0), ("presence_penalty", -2.0, 2.0),
+                             ("repetition_penalty", 0.0, 10.0)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v:
+                raise bad(name, "must be a number")
+            if not lo <= v <= hi:
+                raise bad(name, f"must be in [{lo}, {hi}]")
+        if self.top_p == 0:
+            raise bad("top_p", "must be > 0 (use temperature=0 for greedy)")
+        if self.repetition_penalty == 0:
+            raise bad("repetition_penalty", "must be > 0")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
+            raise bad("seed", "must be an integer or None")
+        if not all(isinstance(s, str) and s for s in self.stop):
+            raise bad("stop", "must be non-empty strings")
+        if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in self.stop_token_ids):
+            raise bad("stop_token_ids", "must be non-negative integers")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0 or self.top_k == 1
+
+    @property
+    def has_penalties(self) -> bool:
+        return bool(self.frequency_penalty or self.presence_penalty or self.repetition_penalty != 1.0)
+
+    @classmethod
+    def from_dict(cls, params: dict[str, Any] | SamplingParams | None) -> SamplingParams:
+        """From a user dict; unknown keys are an error naming them."""
+        if params is None:
+            return cls()
+        if isinstance(params, SamplingParams):
+            return params
+        if not isinstance(params, dict):
+            raise InvalidRequestError(f"sampling_params must be a dict, got {type(params).__name__}")
+        known = {f.name for f in fields(cls)} - {"extra"}
+        unknown = sorted(set(params) - known)
+        if unknown:
+            raise InvalidRequestError(
+                f"unknown sampling_params {unknown}; accepted: {sorted(known)}"
+            )
+        params = dict(params)
+        if isinstance(params.get("stop"), str):
+            params["stop"] = [params["stop"]]
+        for name in ("stop", "stop_token_ids"):
+            if params.get(name) is None:
+                params.pop(name, None)
+            elif isinstance(params[name], list):
+                params[name] = tuple(params[name])
+        try:
+            return cls(**params)
+        except TypeError as e:
+            raise InvalidRequestError(f"sampling_params: {e}") from None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.pop("extra")
+        return d
