@@ -51,8 +51,9 @@ class ExtendPlan:
 class DecodePlan:
     """Per-forward gather indices and mask of `decode_attention`, shared by every layer."""
 
-    slots: torch.Tensor  # (B, L) int64, padding positions point at slot 0
+    slots: torch.Tensor  # (B * L,) int64, row-major over (request, position); padding -> slot 0
     mask: torch.Tensor  # (B, 1, 1, L) bool
+    max_len: int  # L
 
 
 def plan_extend(
@@ -72,7 +73,7 @@ def plan_extend(
             continue
         kv_pos = torch.arange(seq_len, device=req_to_token.device)  # (L,)
         spans.append((start, seq_len - prefix_len))
-        slots.append(req_to_token[row, :seq_len].long())  # (L,)
+        slots.append(req_to_token[row, :seq_len].long())  # (L,) index_select is far faster than fancy indexing
         masks.append(visible_mask(kv_pos[prefix_len:], kv_pos, sliding_window))  # (Tb, L)
     return ExtendPlan(spans, slots, masks)
 
@@ -83,8 +84,8 @@ def extend_attention_planned(
     """`extend_attention` with its gather indices and masks computed once per forward."""
     o = torch.empty_like(q)  # (T, Hq, D)
     for (start, n), slots, mask in zip(plan.spans, plan.slots, plan.masks):
-        k = k_buffer[slots].float().transpose(0, 1)  # (H_kv, L, D)
-        v = v_buffer[slots].float().transpose(0, 1)  # (H_kv, L, D)
+        k = k_buffer.index_select(0, slots).float().transpose(0, 1)  # (H_kv, L, D)
+        v = v_buffer.index_select(0, slots).float().transpose(0, 1)  # (H_kv, L, D)
         q_b = q[start:start + n].float().transpose(0, 1)  # (Hq, Tb, D)
         out = F.scaled_dot_product_attention(
             q_b, k, v, attn_mask=mask, scale=sm_scale, enable_gqa=True
@@ -134,19 +135,24 @@ def plan_decode(
     slots = torch.where(in_seq, slots, 0)  # (B, L)
     q_pos = (seq_lens - 1).unsqueeze(-1)  # (B, 1)
     mask = visible_mask(q_pos, kv_pos.expand_as(in_seq), sliding_window) & in_seq[:, None, :]  # (B, 1, L)
-    return DecodePlan(slots, mask.unsqueeze(1))
+    return DecodePlan(slots.reshape(-1), mask.unsqueeze(1), max_len)
 
 
 def decode_attention_planned(
     q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, plan: DecodePlan, sm_scale: float
 ) -> torch.Tensor:
-    """`decode_attention` with its gather indices and mask computed once per forward."""
-    k = k_buffer[plan.slots].float().permute(0, 2, 1, 3)  # (B, H_kv, L, D)
-    v = v_buffer[plan.slots].float().permute(0, 2, 1, 3)  # (B, H_kv, L, D)
-    out = F.scaled_dot_product_attention(
-        q.float().unsqueeze(2), k, v, attn_mask=plan.mask, scale=sm_scale, enable_gqa=True
-    )  # (B, Hq, 1, D)
-    return out.squeeze(2).to(q.dtype)  # (B, Hq, D)
+    """`decode_attention` with its gather indices and mask computed once per forward.
+
+    The `group` query heads of one KV head form the rows of one attention problem, so K/V are
+    gathered once per KV head and never repeated (GQA without expansion).
+    """
+    B, Hq, D = q.shape
+    H = k_buffer.shape[1]
+    k = k_buffer.index_select(0, plan.slots).float().view(B, plan.max_len, H, D).transpose(1, 2)  # (B, H_kv, L, D)
+    v = v_buffer.index_select(0, plan.slots).float().view(B, plan.max_len, H, D).transpose(1, 2)  # (B, H_kv, L, D)
+    q_grouped = q.float().view(B, H, Hq // H, D)  # (B, H_kv, group, D)
+    out = F.scaled_dot_product_attention(q_grouped, k, v, attn_mask=plan.mask, scale=sm_scale)  # (B, H_kv, group, D)
+    return out.reshape(B, Hq, D).to(q.dtype)  # (B, Hq, D)
 
 
 def decode_attention(

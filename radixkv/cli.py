@@ -1,20 +1,189 @@
-"""The `radixkv` command line (subcommands are added as the runtime grows)."""
+"""The `radixkv` command line.
+
+    radixkv generate "What is the capital of France?"     # one answer, streamed
+    radixkv chat                                           # terminal chat, cached tokens per turn
+    radixkv generate --help                                # every flag, explained
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
+from dataclasses import MISSING, fields
+from typing import Any
+
+from radixkv import __version__
+
+SAMPLING_FLAGS = {
+    "max_new_tokens": (int, 128, "tokens to generate at most"),
+    "temperature": (float, 0.0, "sampling temperature; 0 (the default here) is greedy and deterministic"),
+    "top_p": (float, 1.0, "nucleus sampling: keep the smallest set of tokens with this much probability"),
+    "top_k": (int, -1, "keep only the k most likely tokens (-1: all)"),
+    "min_p": (float, 0.0, "drop tokens less likely than min_p x the most likely one"),
+    "seed": (int, None, "seed for this request's sampling"),
+    "repetition_penalty": (float, 1.0, "divide the logits of tokens already seen (> 1 discourages repeats)"),
+}
+
+
+def add_engine_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per `EngineConfig` field, with its documented meaning and default."""
+    from radixkv.config import EngineConfig
+
+    group = parser.add_argument_group("engine options")
+    for f in fields(EngineConfig):
+        flag = "--" + f.name.replace("_", "-")
+        default = None if f.default is MISSING else f.default
+        help_text = f"{f.metadata.get('help', '')} (default: {default})"
+        if f.type == "bool":
+            group.add_argument(flag, action="store_true", default=default, help=help_text)
+            continue
+        kind = {"int": int, "int | None": int, "float": float}.get(f.type, str)
+        group.add_argument(flag, type=kind, default=default, help=help_text,
+                           metavar=f.name.upper())
+
+
+def add_sampling_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("sampling")
+    for name, (kind, default, help_text) in SAMPLING_FLAGS.items():
+        group.add_argument("--" + name.replace("_", "-"), type=kind, default=default,
+                           help=f"{help_text} (default: {default})")
+    group.add_argument("--stop", action="append", default=[], metavar="TEXT",
+                       help="stop when this text appears (repeatable)")
+    group.add_argument("--ignore-eos", action="store_true", help="keep going past end-of-sequence")
+
+
+def engine_options(args: argparse.Namespace) -> dict[str, Any]:
+    from radixkv.config import EngineConfig
+
+    return {f.name: getattr(args, f.name) for f in fields(EngineConfig)}
+
+
+def sampling_params(args: argparse.Namespace) -> dict[str, Any]:
+    params = {name: getattr(args, name) for name in SAMPLING_FLAGS}
+    params.update(stop=list(args.stop), ignore_eos=args.ignore_eos)
+    return {k: v for k, v in params.items() if v is not None}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="radixkv", description="An LLM runtime built around a radix-tree prefix cache.",
+        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser.add_argument("--version", action="version", version=f"radixkv {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    gen = sub.add_parser("generate", help="generate a completion for one prompt",
+                         description="Generate an answer for PROMPT and stream it to stdout.")
+    gen.add_argument("prompt", help="the prompt text")
+    gen.add_argument("--raw", action="store_true",
+                     help="send the text as is instead of as a user turn of the chat template")
+    gen.add_argument("--no-stream", action="store_true", help="print the answer once, at the end")
+    add_sampling_flags(gen)
+    add_engine_flags(gen)
+
+    chat = sub.add_parser("chat", help="chat in the terminal",
+                          description="Chat with the model; after every answer, shows how many prompt "
+                                      "tokens came from the prefix cache. Commands: /reset, /stats, /exit.")
+    chat.add_argument("--system", default=None, help="system prompt for the conversation")
+    add_sampling_flags(chat)
+    add_engine_flags(chat)
+    return parser
+
+
+def make_engine(args: argparse.Namespace):
+    from radixkv.engine import Engine
+
+    return Engine(progress=True, **engine_options(args))
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    engine = make_engine(args)
+    try:
+        if args.raw or engine.tokenizer is None or getattr(engine.tokenizer.hf, "chat_template", None) is None:
+            request = {"prompt": args.prompt}
+        else:
+            request = {"input_ids": engine.tokenizer.apply_chat_template([{"role": "user", "content": args.prompt}])}
+        start = time.perf_counter()
+        if args.no_stream:
+            out = engine.generate(sampling_params=sampling_params(args), **request)
+            print(out["text"])
+            meta = out["meta_info"]
+        else:
+            meta = {}
+            for chunk in engine.generate_stream(sampling_params=sampling_params(args), **request):
+                print(chunk["text"], end="", flush=True)
+                meta = chunk["meta_info"]
+            print()
+        elapsed = time.perf_counter() - start
+        print(f"[{meta['prompt_tokens']} prompt tokens, {meta['cached_tokens']} cached, "
+              f"{meta['completion_tokens']} generated in {elapsed:.2f} s, "
+              f"finish: {meta['finish_reason']}]", file=sys.stderr)
+    finally:
+        engine.shutdown()
+    return 0
+
+
+def run_chat(args: argparse.Namespace) -> int:
+    engine = make_engine(args)
+    base = [{"role": "system", "content": args.system}] if args.system else []
+    messages = list(base)
+    print("radixkv chat: /reset starts over, /stats shows the cache, /exit (or Ctrl-D) quits",
+          file=sys.stderr)
+    try:
+        while True:
+            try:
+                line = input("you> ").strip()
+            except EOFError:
+                print()
+                break
+            if not line:
+                continue
+            if line in ("/exit", "/quit"):
+                break
+            if line == "/reset":
+                messages = list(base)
+                continue
+            if line == "/stats":
+                s = engine.get_stats()
+                print(f"hit rate {s['cache_hit_rate']:.1%}, {s['cached_tokens_in_tree']} tokens cached, "
+                      f"{s['used_tokens']}/{s['total_tokens']} KV tokens in use", file=sys.stderr)
+                continue
+            messages.append({"role": "user", "content": line})
+            ids = engine.tokenizer.apply_chat_template(messages)
+            print("model> ", end="", flush=True)
+            start, text, meta = time.perf_counter(), "", {}
+            for chunk in engine.generate_stream(input_ids=ids, sampling_params=sampling_params(args)):
+                print(chunk["text"], end="", flush=True)
+                text += chunk["text"]
+                meta = chunk["meta_info"]
+            elapsed = time.perf_counter() - start
+            messages.append({"role": "assistant", "content": text})
+            share = meta["cached_tokens"] / max(1, meta["prompt_tokens"])
+            print(f"\n  [prompt {meta['prompt_tokens']} tokens, {meta['cached_tokens']} from cache "
+                  f"({share:.0%}); {meta['completion_tokens']} new tokens, "
+                  f"{meta['completion_tokens'] / max(elapsed, 1e-9):.1f} tok/s]", file=sys.stderr)
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+    finally:
+        engine.shutdown()
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="radixkv", description=__doc__)
-    parser.add_argument("--version", action="store_true", help="print the version and exit")
+    parser = build_parser()
     args = parser.parse_args(argv)
-    if args.version:
-        from radixkv import __version__
+    if args.command is None:
+        parser.print_help()
+        return 2
+    from radixkv.errors import ConfigError, InvalidRequestError, ModelLoadError
 
-        print(__version__)
-    return 0
+    try:
+        return {"generate": run_generate, "chat": run_chat}[args.command](args)
+    except (ConfigError, ModelLoadError, InvalidRequestError) as e:
+        print(f"radixkv: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
 
 
 if __name__ == "__main__":

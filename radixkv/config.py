@@ -6,7 +6,7 @@ Values named "auto" are resolved against the machine by the properties below (`t
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
@@ -18,6 +18,10 @@ SCHEDULE_POLICIES = ("lpm", "fcfs", "dfs-weight")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
+def _opt(default: Any, help: str) -> Any:
+    return field(default=default, metadata={"help": help})
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """Configuration of one engine (model runner + scheduler + caches).
@@ -25,25 +29,35 @@ class EngineConfig:
     Sizes are in tokens unless named otherwise.
     """
 
-    model: str | None = None  # model directory or .gguf file; None = embedded SmolLM2-135M-Instruct
-    cache_dir: str | None = None  # where converted models live (default ~/.cache/radixkv)
-    device: str = "auto"  # auto | cpu | cuda | cuda:N
-    dtype: str = "auto"  # auto (float32 on CPU, bfloat16 on CUDA) | float32 | float16 | bfloat16
-    attention_backend: str = "auto"  # auto (torch on CPU, triton on CUDA) | torch | triton
-    page_size: int = 1  # tokens per KV page
-    max_total_tokens: int | None = None  # KV pool size; None = kv_mem_fraction of free memory
-    kv_mem_fraction: float = 0.3  # share of free (GPU or host) memory for the KV pool
-    max_running_requests: int = 64  # concurrent requests (rows of the request table)
-    context_length: int | None = None  # max prompt + output tokens; None = the model's maximum
-    chunked_prefill_size: int = 2048  # max new prompt tokens of one request per forward; 0 = off
-    max_prefill_tokens: int = 8192  # max new prompt tokens of one extend batch
-    schedule_policy: str = "lpm"  # lpm | fcfs | dfs-weight
-    eviction_policy: str = "lru"  # see radixkv.mem.POLICIES
-    disable_radix_cache: bool = False  # no prefix sharing (every prompt is computed in full)
-    starvation_limit: int = 32  # lpm: a request passed over this many times goes first
-    retract_decode_steps: int = 32  # decode steps of headroom reserved per running request
-    seed: int = 0  # seed of the shared sampling generator
-    log_level: str = "info"
+    model: str | None = _opt(None, "model directory (config.json + safetensors) or .gguf file; "
+                             "default: the embedded SmolLM2-135M-Instruct")
+    cache_dir: str | None = _opt(None, "where converted models are kept (default $RADIXKV_CACHE_DIR "
+                                 "or ~/.cache/radixkv)")
+    device: str = _opt("auto", "auto, cpu, cuda or cuda:N (auto: cuda when present)")
+    dtype: str = _opt("auto", "weights and KV dtype: auto (float32 on CPU, bfloat16 on CUDA), "
+                      "float32, float16 or bfloat16")
+    attention_backend: str = _opt("auto", "auto (torch on CPU, triton on CUDA), torch or triton")
+    page_size: int = _opt(1, "tokens per KV page; prefix matches and eviction are page-aligned")
+    max_total_tokens: int | None = _opt(None, "KV pool size in tokens (default: kv_mem_fraction of "
+                                        "free memory)")
+    kv_mem_fraction: float = _opt(0.3, "share of free GPU (or host) memory for the KV pool when "
+                                  "max_total_tokens is not set")
+    max_running_requests: int = _opt(64, "requests decoded together at most")
+    context_length: int | None = _opt(None, "prompt + output tokens per request at most "
+                                      "(default: the model's maximum)")
+    chunked_prefill_size: int = _opt(2048, "new prompt tokens of one request per forward at most; "
+                                     "0 turns chunking off")
+    max_prefill_tokens: int = _opt(8192, "new prompt tokens of one prefill batch at most")
+    schedule_policy: str = _opt("lpm", "admission order: lpm (longest cached prefix first), fcfs, "
+                                "dfs-weight")
+    eviction_policy: str = _opt("lru", "which cached prefixes go first when KV runs short")
+    disable_radix_cache: bool = _opt(False, "no prefix sharing: every prompt is computed in full")
+    starvation_limit: int = _opt(32, "lpm: a request passed over this many times is admitted first")
+    retract_decode_steps: int = _opt(32, "decode steps of KV headroom kept per running request "
+                                     "when admitting new ones")
+    random_seed: int = _opt(0, "seed of the shared sampling generator (requests may carry their own)")
+    log_level: str = _opt("info", "debug, info, warning or error (debug also checks cache "
+                          "invariants after every step)")
 
     def __post_init__(self) -> None:
         def check(ok: bool, name: str, why: str) -> None:

@@ -9,6 +9,22 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """tiny_model_dir(name) -> a saved checkpoint directory of that tiny architecture."""
+    from tests.tiny_models import save_tiny_model
+
+    made = {}
+
+    def make(name: str):
+        if name not in made:
+            made[name] = tmp_path_factory.mktemp(name)
+            save_tiny_model(name, made[name])
+        return made[name]
+
+    return make
+
+
 def pytest_collection_modifyitems(config, items):
     """`@pytest.mark.gpu` tests are skipped when no CUDA device is present."""
     if torch.cuda.is_available():

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from radixkv.errors import ConfigError
+from radixkv.mem.allocator import PADDING_PAGE
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,11 +71,17 @@ class KVPool:
         self.page_size = layout.page_size
         self.device = torch.device(device)
         shape = (num_pages + 1, layout.page_size, layout.num_kv_heads, layout.head_dim)
+        # Uninitialised: a slot is always written before it is read, except the padding page,
+        # which padded positions read and must hold finite values (zeros). Memory is touched
+        # only as pages are used, so a large pool costs nothing at start-up.
         self.k_pages = [
-            torch.zeros(shape, dtype=layout.dtype, device=self.device)
+            torch.empty(shape, dtype=layout.dtype, device=self.device)
             for _ in range(layout.num_layers)
         ]  # per layer: (num_pages + 1, page_size, H_kv, D)
-        self.v_pages = [torch.zeros_like(k) for k in self.k_pages]
+        self.v_pages = [torch.empty_like(k) for k in self.k_pages]
+        for k, v in zip(self.k_pages, self.v_pages):
+            k[PADDING_PAGE].zero_()
+            v[PADDING_PAGE].zero_()
 
     @property
     def num_slots(self) -> int:

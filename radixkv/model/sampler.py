@@ -38,8 +38,10 @@ class Sampler:
         gen.manual_seed(seed)
         return gen
 
+    @torch.inference_mode()
     def sample(self, logits: torch.Tensor, rows: list[SamplingRow]) -> list[int]:
-        """logits (B, V) float32 -> one token id per row."""
+        """logits (B, V) float32 -> one token id per row (the model's logits are inference
+        tensors, so penalties and suppression edit them inside inference mode too)."""
         assert logits.shape[0] == len(rows), "one SamplingRow per logits row"
         logits = logits.float()
         for i, row in enumerate(rows):

@@ -92,3 +92,13 @@ def test_bad_sampling_params_name_the_field(params, field):
 
 def test_stop_string_is_accepted_alone():
     assert SamplingParams.from_dict({"stop": "###"}).stop == ("###",)
+
+
+def test_penalties_and_suppression_work_on_inference_mode_logits():
+    # the model's forward returns inference tensors; editing them in place outside
+    # inference mode raised "Inplace update to inference tensor"
+    with torch.inference_mode():
+        logits = logits_for([9.0, 1.0, 0.5])
+    rows = [SamplingRow(SamplingParams(temperature=0, repetition_penalty=1.5), output_ids=[1],
+                        suppress_ids=(0,))]
+    assert Sampler().sample(logits, rows) == [1]

@@ -1,0 +1,7 @@
+"""Scheduling: requests, batches, policies and the continuous-batching loop."""
+
+from radixkv.sched.output import ReqOutput, SchedulerStats
+from radixkv.sched.request import Req, ReqStatus
+from radixkv.sched.scheduler import Scheduler
+
+__all__ = ["Req", "ReqOutput", "ReqStatus", "Scheduler", "SchedulerStats"]

@@ -1,0 +1,44 @@
+"""ScheduledBatch: the requests of one forward, the new tokens of each, and which sample."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from radixkv.attention import ForwardBatch, ForwardMode
+from radixkv.sched.request import Req
+
+
+@dataclass
+class ScheduledBatch:
+    mode: ForwardMode
+    reqs: list[Req]
+    new_tokens: list[list[int]]  # per request, the tokens this forward runs
+    samples: list[bool]  # per request, whether its last position yields a new token
+    forward: ForwardBatch
+
+    @classmethod
+    def build(
+        cls,
+        mode: ForwardMode,
+        reqs: list[Req],
+        starts: list[int],
+        new_tokens: list[list[int]],
+        slots: list[int],
+        samples: list[bool],
+        device: torch.device,
+    ) -> ScheduledBatch:
+        """`starts[b]`: position of request b's first new token (its KV length before)."""
+        fb = ForwardBatch.build(mode, new_tokens, [r.row for r in reqs], starts, slots,
+                                device=device, logits="last")
+        if not all(samples):  # logits only where a token is sampled (skip mid-prefill chunks)
+            keep = torch.tensor([i for i, s in enumerate(samples) if s], dtype=torch.int64)
+            fb = _with_logits_index(fb, fb.logits_index[keep.to(fb.logits_index.device)])
+        return cls(mode, reqs, new_tokens, samples, fb)
+
+
+def _with_logits_index(fb: ForwardBatch, index: torch.Tensor) -> ForwardBatch:
+    from dataclasses import replace
+
+    return replace(fb, logits_index=index)

@@ -1,0 +1,65 @@
+"""What the scheduler reports: per-request outputs and running statistics."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from radixkv.attention import ForwardMode
+
+
+@dataclass(frozen=True, slots=True)
+class ReqOutput:
+    """A request's state after a step: all its output tokens so far, and why it finished."""
+
+    rid: str
+    output_ids: list[int]
+    finished: bool
+    finish_reason: dict[str, Any] | None
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    ttft: float | None = None  # seconds from arrival to first token
+    latency: float | None = None  # seconds from arrival to finish
+
+
+@dataclass
+class SchedulerStats:
+    """Counters since start (or the last `reset`); times in seconds."""
+
+    admitted_requests: int = 0
+    finished_requests: int = 0
+    prompt_tokens: int = 0  # of admitted requests
+    cached_prompt_tokens: int = 0  # of those, served from the prefix cache
+    generated_tokens: int = 0
+    retractions: int = 0
+    extend_steps: int = 0
+    decode_steps: int = 0
+    decode_batch_tokens: int = 0
+    step_seconds: dict[str, float] = field(default_factory=lambda: {"extend": 0.0, "decode": 0.0})
+    forward_seconds: dict[str, float] = field(default_factory=lambda: {"extend": 0.0, "decode": 0.0})
+
+    def record_admission(self, prompt_tokens: int, cached_tokens: int) -> None:
+        self.admitted_requests += 1
+        self.prompt_tokens += prompt_tokens
+        self.cached_prompt_tokens += cached_tokens
+
+    def record_step(self, mode: ForwardMode, batch_size: int, seconds: float, forward: float) -> None:
+        key = mode.value
+        if mode is ForwardMode.DECODE:
+            self.decode_steps += 1
+            self.decode_batch_tokens += batch_size
+        else:
+            self.extend_steps += 1
+        self.step_seconds[key] += seconds
+        self.forward_seconds[key] += forward
+
+    @property
+    def cache_hit_rate(self) -> float:
+        """Prompt tokens served from the cache / prompt tokens, over admitted requests."""
+        return self.cached_prompt_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["cache_hit_rate"] = self.cache_hit_rate
+        return d

