@@ -36,3 +36,30 @@ def load_kv_slots(req_to_token, stride_req, req_row, positions, valid):
     """KV slots (int64, 0 where invalid) of `positions` of the request stored in `req_row`."""
     slots = tl.load(req_to_token + req_row * stride_req + positions, mask=valid, other=0)
     return slots.to(tl.int64)  # int64: slot * stride overflows int32 on large pools
+
+
+@triton.jit
+def load_kv_tile(k_buffer, v_buffer, req_to_token, stride_req, req_row, kv_pos, mask_n,
+                 stride_buf_s, kv_off, offs_d, mask_d, DOT_FP32: tl.constexpr):
+    """K and V tiles (BLOCK_N, BLOCK_D) of `kv_pos` of one request and KV head (0 where masked)."""
+    slots = load_kv_slots(req_to_token, stride_req, req_row, kv_pos, mask_n)  # (BLOCK_N,)
+    kv_ptrs = slots[:, None] * stride_buf_s + kv_off + offs_d[None, :]  # (BLOCK_N, BLOCK_D)
+    kv_mask = mask_n[:, None] & mask_d[None, :]
+    k_tile = tl.load(k_buffer + kv_ptrs, mask=kv_mask, other=0.0)  # (BLOCK_N, BLOCK_D)
+    v_tile = tl.load(v_buffer + kv_ptrs, mask=kv_mask, other=0.0)  # (BLOCK_N, BLOCK_D)
+    if DOT_FP32:
+        k_tile = k_tile.to(tl.float32)
+        v_tile = v_tile.to(tl.float32)
+    return k_tile, v_tile
+
+
+@triton.jit
+def online_softmax_step(m_i, l_i, acc, s, v_tile, DOT_PRECISION: tl.constexpr):
+    """Fold one block of scores `s` (rows, BLOCK_N; log2 units, -inf where hidden) and its
+    values into the running max `m_i`, denominator `l_i` and output `acc` (rows, BLOCK_D)."""
+    m_new = tl.maximum(m_i, tl.max(s, 1))  # (rows,)
+    alpha = tl.exp2(m_i - m_new)  # (rows,)
+    p = tl.exp2(s - m_new[:, None])  # (rows, BLOCK_N)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v_tile.dtype), v_tile, input_precision=DOT_PRECISION)
+    return m_new, l_i, acc

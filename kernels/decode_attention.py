@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._triton_utils import block_d, dot_fp32, dot_precision, interpreting, load_kv_slots
+from ._triton_utils import block_d, dot_fp32, dot_precision, interpreting, load_kv_tile, online_softmax_step
 
 
 @triton.jit
@@ -58,23 +58,11 @@ def _decode_partial_kernel(
     for n0 in range(chunk_lo, chunk_hi, BLOCK_N):
         kv_pos = n0 + offs_n  # (BLOCK_N,)
         mask_n = kv_pos < chunk_hi
-        slots = load_kv_slots(req_to_token, stride_req, req_row, kv_pos, mask_n)  # (BLOCK_N,)
-        kv_ptrs = slots[:, None] * stride_buf_s + kv_off + offs_d[None, :]  # (BLOCK_N, BLOCK_D)
-        kv_mask = mask_n[:, None] & mask_d[None, :]
-        k_tile = tl.load(k_buffer + kv_ptrs, mask=kv_mask, other=0.0)  # (BLOCK_N, BLOCK_D)
-        v_tile = tl.load(v_buffer + kv_ptrs, mask=kv_mask, other=0.0)  # (BLOCK_N, BLOCK_D)
-        if DOT_FP32:
-            k_tile = k_tile.to(tl.float32)
-            v_tile = v_tile.to(tl.float32)
-
+        k_tile, v_tile = load_kv_tile(k_buffer, v_buffer, req_to_token, stride_req, req_row, kv_pos,
+                                      mask_n, stride_buf_s, kv_off, offs_d, mask_d, DOT_FP32)
         s = tl.dot(q_tile, tl.trans(k_tile), input_precision=DOT_PRECISION) * qk_scale  # (BLOCK_H, BLOCK_N)
         s = tl.where(mask_n[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))  # (BLOCK_H,)
-        alpha = tl.exp2(m_i - m_new)  # (BLOCK_H,)
-        p = tl.exp2(s - m_new[:, None])  # (BLOCK_H, BLOCK_N)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v_tile.dtype), v_tile, input_precision=DOT_PRECISION)
-        m_i = m_new
+        m_i, l_i, acc = online_softmax_step(m_i, l_i, acc, s, v_tile, DOT_PRECISION)
 
     empty = l_i == 0.0  # (BLOCK_H,) true for the whole program when its chunk is empty
     out = acc / tl.where(empty, 1.0, l_i)[:, None]  # (BLOCK_H, BLOCK_D)

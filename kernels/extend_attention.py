@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._triton_utils import block_d, dot_fp32, dot_precision, interpreting, load_kv_slots
+from ._triton_utils import block_d, dot_fp32, dot_precision, interpreting, load_kv_tile, online_softmax_step
 
 
 @triton.jit
@@ -65,27 +65,14 @@ def _extend_attention_kernel(
     for n0 in range(kv_lo, kv_hi, BLOCK_N):
         kv_pos = n0 + offs_n  # (BLOCK_N,)
         mask_n = kv_pos < kv_hi
-        slots = load_kv_slots(req_to_token, stride_req, req_row, kv_pos, mask_n)  # (BLOCK_N,)
-        kv_ptrs = slots[:, None] * stride_buf_s + kv_off + offs_d[None, :]  # (BLOCK_N, BLOCK_D)
-        kv_mask = mask_n[:, None] & mask_d[None, :]
-        k_tile = tl.load(k_buffer + kv_ptrs, mask=kv_mask, other=0.0)  # (BLOCK_N, BLOCK_D)
-        v_tile = tl.load(v_buffer + kv_ptrs, mask=kv_mask, other=0.0)  # (BLOCK_N, BLOCK_D)
-        if DOT_FP32:
-            k_tile = k_tile.to(tl.float32)
-            v_tile = v_tile.to(tl.float32)
-
+        k_tile, v_tile = load_kv_tile(k_buffer, v_buffer, req_to_token, stride_req, req_row, kv_pos,
+                                      mask_n, stride_buf_s, kv_off, offs_d, mask_d, DOT_FP32)
         s = tl.dot(q_tile, tl.trans(k_tile), input_precision=DOT_PRECISION) * qk_scale  # (BLOCK_M, BLOCK_N)
         visible = mask_n[None, :] & (kv_pos[None, :] <= q_pos[:, None])  # (BLOCK_M, BLOCK_N)
         if HAS_WINDOW:
             visible = visible & (kv_pos[None, :] > q_pos[:, None] - window)
         s = tl.where(visible, s, float("-inf"))
-
-        m_new = tl.maximum(m_i, tl.max(s, 1))  # (BLOCK_M,)
-        alpha = tl.exp2(m_i - m_new)  # (BLOCK_M,)
-        p = tl.exp2(s - m_new[:, None])  # (BLOCK_M, BLOCK_N)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v_tile.dtype), v_tile, input_precision=DOT_PRECISION)
-        m_i = m_new
+        m_i, l_i, acc = online_softmax_step(m_i, l_i, acc, s, v_tile, DOT_PRECISION)
 
     out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]  # (BLOCK_M, BLOCK_D)
     o_ptrs = o + (start + tok)[:, None] * stride_o_t + head[:, None] * stride_o_h + offs_d[None, :]
