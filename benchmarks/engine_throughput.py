@@ -18,8 +18,6 @@ same size timed separately.
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import statistics
 import sys
 import time
@@ -27,6 +25,8 @@ from pathlib import Path
 
 import torch
 from tqdm import tqdm
+
+from _report import RESULTS, machine, save_json
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -41,7 +41,7 @@ def parse_args(argv):
     p.add_argument("--new-tokens", type=int, default=24, help="tokens generated per turn (default 24)")
     p.add_argument("--batch-sizes", default="1,8,32", help="decode batch sizes for the overhead part")
     p.add_argument("--skip-hf", action="store_true", help="leave transformers out of part 1")
-    p.add_argument("--json", type=Path, default=REPO / "benchmarks" / "results" / "engine_throughput.json",
+    p.add_argument("--json", type=Path, default=RESULTS / "engine_throughput.json",
                    help="where to save results (default: %(default)s)")
     args = p.parse_args(argv)
     try:
@@ -185,8 +185,7 @@ def main(argv=None) -> int:
     from radixkv.engine import Engine
 
     opts = dict(model=args.model, max_running_requests=max(64, *args.batch_sizes), log_level="warning")
-    report = {"machine": platform.platform(), "threads": torch.get_num_threads(),
-              "date": time.strftime("%Y-%m-%dT%H:%M:%S"), "args": {k: str(v) for k, v in vars(args).items()}}
+    report = {**machine(), "args": {k: str(v) for k, v in vars(args).items()}}
     on = Engine(**opts)
     firsts, users = chat_rounds(args, min(32000, on.runner.model_config.vocab_size))
     n_rounds = args.turns
@@ -224,9 +223,7 @@ def main(argv=None) -> int:
         print(f"{b:>5} {row['engine_step_ms']:>10.1f}ms {row['forward_in_step_ms']:>10.1f}ms "
               f"{row['overhead_ratio']:>6.2f} {row['bare_forward_ms']:>16.1f}ms")
     engine.shutdown()
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(report, indent=1))
-    print(f"saved {args.json}")
+    save_json(args.json, report)
     return 0
 
 

@@ -12,14 +12,14 @@ runs `generate` with its own KV cache (left-padded for batches).
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import statistics
 import sys
 import time
 from pathlib import Path
 
 import torch
+
+from _report import RESULTS, machine, save_json
 
 REPO = Path(__file__).resolve().parent.parent
 QUESTIONS = [
@@ -38,7 +38,7 @@ def parse_args(argv):
     p.add_argument("--new-tokens", type=int, default=32, help="tokens generated per request (default 32)")
     p.add_argument("--repeats", type=int, default=3, help="alternating rounds per engine (default 3)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
-    p.add_argument("--json", type=Path, default=REPO / "benchmarks" / "results" / "runner_decode.json",
+    p.add_argument("--json", type=Path, default=RESULTS / "runner_decode.json",
                    help="where to save results (default: %(default)s)")
     args = p.parse_args(argv)
     try:
@@ -97,14 +97,11 @@ def main(argv=None) -> int:
         results.append(row)
         print(f"batch {b:>3}: radixkv {row['radixkv_tok_s']:7.1f} tok/s   transformers "
               f"{row['transformers_tok_s']:7.1f} tok/s   ratio {row['speedup']:.2f}x", flush=True)
-    report = {"model": str(runner.model_dir), "dtype": args.dtype, "device": str(runner.device),
-              "threads": torch.get_num_threads(), "kv_bytes_per_token": runner.layout.bytes_per_token,
-              "machine": platform.platform(), "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    report = {**machine(), "model": str(runner.model_dir), "dtype": args.dtype,
+              "device": str(runner.device), "kv_bytes_per_token": runner.layout.bytes_per_token,
               "results": results}
     print(f"KV bytes per token: {runner.layout.bytes_per_token:,}")
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(report, indent=1))
-    print(f"saved {args.json}")
+    save_json(args.json, report)
     return 0
 
 
