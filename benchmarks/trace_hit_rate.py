@@ -13,12 +13,10 @@ unlimited-cache ceiling.
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import sys
-import time
 from pathlib import Path
 
+from _report import RESULTS, machine, save_json
 from tqdm import tqdm
 
 from radixkv.mem import POLICIES
@@ -70,10 +68,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--limit", type=int, default=None, help="replay only the first K requests")
     p.add_argument("--attention-scale", type=int, default=8192,
                    help="context length at which a token's attention cost equals its linear-layer "
-                        "cost, for the prefill-work figures (default 8192)")
-    p.add_argument("--json", type=Path, default=REPO / "benchmarks" / "results" / "trace_hit_rate.json",
+                        "cost: sets the prefill-work figures and reuse-cost's cost model (default 8192)")
+    p.add_argument("--json", type=Path, default=RESULTS / "trace_hit_rate.json",
                    help="where to save the results (default: %(default)s)")
-    p.add_argument("--plot", type=Path, default=REPO / "benchmarks" / "results" / "trace_hit_rate.png",
+    p.add_argument("--plot", type=Path, default=RESULTS / "trace_hit_rate.png",
                    help="where to draw hit rate vs capacity; 'none' to skip (default: %(default)s)")
     args = p.parse_args(argv)
     if not args.trace.is_file():
@@ -88,28 +86,32 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def plot(results: list[ReplayResult], path: Path, title: str) -> None:
+    """Hit rate (left) and prefill work saved (right) vs capacity, one line per policy."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for name in dict.fromkeys(r.policy for r in results):
-        runs = sorted((r for r in results if r.policy == name), key=lambda r: r.capacity_tokens)
-        if name in ONCE:
-            label = "unlimited cache" if name == "inf" else "no cache"
-            ax.axhline(100 * runs[0].hit_rate, color="black" if name == "inf" else "grey",
-                       ls="--", lw=1, label=f"{label} ({100 * runs[0].hit_rate:.1f}%)")
-            continue
-        style = {"belady": dict(color="black", marker="s")}.get(name, {})
-        ax.plot([r.capacity_tokens for r in runs], [100 * r.hit_rate for r in runs],
-                marker=style.pop("marker", "o"), label=name, **style)
-    ax.set_xscale("log")
-    ax.set_xlabel("KV cache capacity (tokens)")
-    ax.set_ylabel("prefix hit rate (% of prompt tokens)")
-    ax.set_title(title, fontsize=10)
-    ax.grid(alpha=0.3, which="both")
-    ax.legend()
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    metrics = [("hit rate (% of prompt tokens)", lambda r: 100 * r.hit_rate),
+               ("prefill work saved (% of recompute cost)", lambda r: 100 * r.prefill_work_saved / r.prefill_work)]
+    for ax, (label, value) in zip(axes, metrics):
+        for name in dict.fromkeys(r.policy for r in results):
+            runs = sorted((r for r in results if r.policy == name), key=lambda r: r.capacity_tokens)
+            if name in ONCE:
+                bound = "unlimited cache" if name == "inf" else "no cache"
+                ax.axhline(value(runs[0]), color="black" if name == "inf" else "grey", ls="--", lw=1,
+                           label=f"{bound} ({value(runs[0]):.1f}%)")
+                continue
+            style = {"belady": dict(color="black", marker="s")}.get(name, {})
+            ax.plot([r.capacity_tokens for r in runs], [value(r) for r in runs],
+                    marker=style.pop("marker", "o"), label=name, **style)
+        ax.set_xscale("log")
+        ax.set_xlabel("KV cache capacity (tokens)")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3, which="both")
+    axes[0].legend(fontsize=8)
+    fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
@@ -129,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
             bar.set_description(f"{pol}@{cap:,}" if pol not in ONCE else pol)
             results.append(replay(trace, pol, cap, args.page_size, args.block_size,
                                   args.attention_scale, progress=bar.update))
+            bar.write(f"{pol:<10} {cap:>12,} tokens: hit rate {100 * results[-1].hit_rate:.2f}%")
     print(f"\n{'policy':<8} {'capacity':>12} {'hit rate':>9} {'work saved':>11} "
           f"{'evicted':>14} {'Mtok/s':>8}")
     for r in results:
@@ -136,15 +139,11 @@ def main(argv: list[str] | None = None) -> int:
               f"{100 * r.prefill_work_saved / r.prefill_work:>10.2f}% {r.evicted_tokens:>14,} "
               f"{r.tokens_per_second / 1e6:>8.2f}")
     report = {
-        "trace": str(args.trace), "page_size": args.page_size, "block_size": args.block_size,
-        "attention_scale": args.attention_scale, "limit": args.limit,
-        "machine": platform.platform(), "python": platform.python_version(),
-        "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        **machine(), "trace": str(args.trace), "page_size": args.page_size,
+        "block_size": args.block_size, "attention_scale": args.attention_scale, "limit": args.limit,
         "runs": [r.to_json() for r in results],
     }
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(report, indent=1))
-    print(f"saved {args.json}")
+    save_json(args.json, report)
     if str(args.plot).lower() != "none":
         plot(results, args.plot, f"{args.trace.name}, page size {args.page_size}")
         print(f"saved {args.plot}")

@@ -15,7 +15,7 @@ from radixkv.mem.base import MatchResult, Namespace, PrefixCache
 
 
 class NoCache(PrefixCache):
-    def __init__(self, allocator: PageAllocator, eviction_policy: Any = None):
+    def __init__(self, allocator: PageAllocator, eviction_policy: Any = None, attention_scale: Any = None):
         self.allocator = allocator
         self.page_size = allocator.page_size
         self.stats_evicted_tokens = 0

@@ -79,10 +79,11 @@ class RadixCache(PrefixCache):
         self,
         allocator: PageAllocator,
         eviction_policy: str | EvictionPolicy = "lru",
+        attention_scale: float | None = None,
     ):
         self.allocator = allocator
         self.page_size = allocator.page_size
-        self.policy = make_policy(eviction_policy)
+        self.policy = make_policy(eviction_policy, attention_scale)
         self.reset_stats()
         self._init_tree()
 
@@ -215,10 +216,10 @@ class RadixCache(PrefixCache):
         return upper
 
     def _touch(self, node: TreeNode, now: int, hit: bool) -> None:
+        self.policy.on_access(node, now, hit)  # sees the node's statistics before this access
         node.last_access = now
         if hit:
             node.hit_count += 1
-        self.policy.on_access(node, now, hit)
         if node.candidate is not None:
             self._drop_candidate(node)
             self._add_candidate(node)
@@ -271,6 +272,7 @@ class RadixCache(PrefixCache):
         while freed < num_tokens and self._candidates:
             node = self._candidates.pop(0)[2]
             node.candidate = None
+            self.policy.on_evict(node, self._clock)
             keep = len(node.key)
             if granular:
                 runner_up = self._candidates[0][0] if self._candidates else None

@@ -81,6 +81,23 @@ class ModelConfig:
     def kv_size(self) -> int:
         return self.num_kv_heads * self.head_dim
 
+    @property
+    def linear_params(self) -> int:
+        """Weights every token multiplies through: projections, MLP and the LM head."""
+        per_layer = (self.hidden_size * (self.q_size + 2 * self.kv_size) + self.q_size * self.hidden_size
+                     + 3 * self.hidden_size * self.intermediate_size)
+        return self.num_layers * per_layer + self.hidden_size * self.vocab_size
+
+    @property
+    def attention_scale(self) -> float:
+        """Depth (tokens) at which a token's attention FLOPs equal its linear-layer FLOPs.
+
+        Linear: 2 * linear_params per token. Attention at depth d: 4 * d * num_heads * head_dim
+        per layer (scores and weighted values). Recomputing a token at depth d costs
+        `1 + d / attention_scale` linear-layer units.
+        """
+        return self.linear_params / (2 * self.num_heads * self.head_dim * self.num_layers)
+
     @classmethod
     def from_dict(cls, cfg: dict[str, Any], source: str = "config") -> ModelConfig:
         """Parse a transformers config dict; errors name `source` and the field at fault."""

@@ -45,7 +45,8 @@ class Scheduler:
         self.page_size = config.page_size
         self.allocator = runner.allocator
         cache_cls = NoCache if config.disable_radix_cache else RadixCache
-        self.cache: PrefixCache = cache_cls(self.allocator, config.eviction_policy)
+        self.cache: PrefixCache = cache_cls(self.allocator, config.eviction_policy,
+                                            attention_scale=runner.model_config.attention_scale)
         self.policy = SchedulePolicy(config.schedule_policy, self.cache, config.starvation_limit)
         self.sampler = Sampler(runner.device, config.random_seed)
         self.waiting: deque[Req] = deque()

@@ -27,7 +27,9 @@ from radixkv.mem import (
 )
 from radixkv.workloads.trace import BLOCK_SIZE, TraceRequest, expand_tokens, rehash
 
-OFFLINE_POLICIES = ("belady",)
+OFFLINE_POLICIES = ("belady", "reuse-oracle")
+"""Policies that read the future: `belady` (when each page is next used) and `reuse-oracle`
+(only whether it is ever used again; LRU among those that are) -- bounds, not runtime options."""
 BOUNDS = ("none", "inf")
 """Pseudo-policies: `none` disables the cache, `inf` gives it room for the whole trace."""
 
@@ -99,12 +101,27 @@ class BeladyOracle:
         return math.inf
 
 
+class ReuseOraclePolicy(EvictionPolicy):
+    """Knows whether each page will ever be used again, not when: pages never used again go
+    first, LRU among the rest. Separates what foresight of reuse is worth from foresight of time."""
+
+    name = "reuse-oracle"
+    page_granular = True
+
+    def __init__(self, next_use: BeladyOracle):
+        self.next_use = next_use
+
+    def priority(self, node: TreeNode, end: int) -> tuple:
+        return (self.next_use(node, end) != math.inf, node.last_access)
+
+
 def build_cache(
     policy: str | EvictionPolicy,
     capacity_tokens: int,
     page_size: int,
     trace: Sequence[TraceRequest],
     block_size: int = BLOCK_SIZE,
+    attention_scale: float | None = None,
 ) -> tuple[PrefixCache, BeladyOracle | None]:
     if policy in BOUNDS:  # room for the whole trace: nothing is ever evicted
         capacity_tokens = sum(r.input_length for r in trace) + page_size
@@ -113,10 +130,11 @@ def build_cache(
         return NoCache(allocator), None
     if policy == "inf":
         return RadixCache(allocator, "lru"), None
-    if policy == "belady":
+    if policy in OFFLINE_POLICIES:
         oracle = BeladyOracle(trace, block_size)
-        return RadixCache(allocator, BeladyPolicy(oracle)), oracle
-    return RadixCache(allocator, make_policy(policy)), None
+        rule = BeladyPolicy(oracle) if policy == "belady" else ReuseOraclePolicy(oracle)
+        return RadixCache(allocator, rule), oracle
+    return RadixCache(allocator, make_policy(policy, attention_scale)), None
 
 
 def replay(
@@ -137,7 +155,7 @@ def replay(
     """
     if trace and all(r.input_ids is not None for r in trace):
         trace, block_size = rehash(trace, page_size), page_size
-    cache, oracle = build_cache(policy, capacity_tokens, page_size, trace, block_size)
+    cache, oracle = build_cache(policy, capacity_tokens, page_size, trace, block_size, attention_scale)
     allocator = cache.allocator
     name = policy if isinstance(policy, str) else policy.name
     hit_tokens = prompt_tokens = uncached = 0

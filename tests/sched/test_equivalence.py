@@ -2,6 +2,8 @@
 
 import pytest
 
+from radixkv.mem import POLICIES
+
 from tests.sched.conftest import assert_idle_and_clean, greedy, workload
 
 
@@ -51,6 +53,15 @@ def test_a_tight_pool_evicts_and_retracts_but_outputs_stay_equal(tiny_engine, ba
     assert got == baseline * 2
     stats = engine.get_stats()
     assert stats["retractions"] > 0 and stats["evicted_tokens"] > 0
+    assert_idle_and_clean(engine)
+
+
+@pytest.mark.parametrize("eviction", sorted(POLICIES))
+def test_eviction_policy_changes_speed_never_results(tiny_engine, baseline, eviction):
+    engine = tiny_engine(max_total_tokens=64, eviction_policy=eviction, retract_decode_steps=2)
+    got, _ = run_batched(engine, repeats=3)
+    assert got == baseline * 3
+    assert engine.get_stats()["evicted_tokens"] > 0
     assert_idle_and_clean(engine)
 
 

@@ -32,12 +32,13 @@ def test_lru_over_10000_pages_reproduces_the_reference_hit_rate(mooncake):
 
 
 @needs_trace
-def test_belady_bounds_the_online_policies_on_a_slice(mooncake):
+def test_the_offline_bounds_order_the_policies_on_a_slice(mooncake):
     head = mooncake[:1500]
+    online = ("lru", "lfu", "fifo", "reuse", "reuse-cost")
     rates = {p: replay(head, p, 1_000_000, check_every=1000).hit_rate
-             for p in ("lru", "lfu", "fifo", "belady", "inf", "none")}
+             for p in (*online, "reuse-oracle", "belady", "inf", "none")}
     assert rates["none"] == 0
-    assert max(rates["lru"], rates["lfu"], rates["fifo"]) <= rates["belady"] <= rates["inf"]
+    assert max(rates[p] for p in online) <= rates["reuse-oracle"] <= rates["belady"] <= rates["inf"]
 
 
 def test_replay_of_a_chat_trace_hits_the_shared_history(tmp_path):
