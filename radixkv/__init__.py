@@ -3,6 +3,7 @@
 from radixkv.errors import (
     CacheInvariantError,
     ConfigError,
+    EngineError,
     InvalidPageError,
     InvalidRequestError,
     ModelLoadError,
@@ -35,6 +36,7 @@ __all__ = [
     "SamplingParams",
     "CacheInvariantError",
     "ConfigError",
+    "EngineError",
     "InvalidPageError",
     "InvalidRequestError",
     "ModelLoadError",

@@ -18,7 +18,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from radixkv.config import EngineConfig
-from radixkv.errors import InvalidRequestError, RadixKVError
+from radixkv.errors import EngineError, InvalidRequestError, RadixKVError
 from radixkv.logs import setup_logging
 from radixkv.model.runner import ModelRunner
 from radixkv.sampling_params import SamplingParams
@@ -64,7 +64,7 @@ class Engine:
                     if out.finished:
                         done[out.rid] = out
                 if not self.scheduler.has_work and len(done) < len(reqs):
-                    raise RuntimeError("scheduler went idle with requests unfinished")
+                    raise EngineError("the scheduler went idle with requests unfinished")
         finally:
             for req in reqs:  # on any error, nothing stays queued, locked or allocated
                 if req.rid not in done:
@@ -81,26 +81,27 @@ class Engine:
     ) -> Iterator[dict[str, Any]]:
         """Yield `{"text": delta, "output_ids": new ids, "finished": bool, "meta_info"}` chunks
         for one request as it decodes; closing the iterator early aborts the request."""
+        if self.tokenizer is None:
+            raise InvalidRequestError(f"{self.runner.model_dir} has no tokenizer to stream text with")
         reqs, single = self._make_requests(prompt, sampling_params, input_ids, namespace)
         if not single:
             raise InvalidRequestError("generate_stream takes a single prompt")
         req = reqs[0]
-        self.scheduler.add_request(req)
-        if self.tokenizer is None:
-            raise InvalidRequestError(f"{self.runner.model_dir} has no tokenizer to stream text with")
         detok = IncrementalDetokenizer(self.tokenizer, req.params.skip_special_tokens)
         # hold back text that could be the start of a stop string until it is decided
         holdback = max((len(x) for x in req.params.stop), default=1) - 1
         sent_ids, sent_text, finished = 0, "", False
         try:
+            self.scheduler.add_request(req)
             while not finished:
                 for out in self.scheduler.step():
                     if out.rid != req.rid:
                         continue
                     detok.step(out.output_ids)
                     finished = out.finished
-                    if finished:
-                        text = self._result(req, out)["text"]
+                    if finished:  # the same text, trimmed at the stop string that ended it
+                        detok.finish(out.output_ids)
+                        text = trim_stop_string(detok.text, out.finish_reason)
                     else:
                         text = detok.text[: len(detok.text) - holdback] if holdback else detok.text
                     delta = text[len(sent_text):] if len(text) > len(sent_text) else ""
@@ -109,7 +110,7 @@ class Engine:
                            "meta_info": self._meta(out)}
                     sent_ids = len(out.output_ids)
                 if not finished and not self.scheduler.has_work:
-                    raise RuntimeError("scheduler went idle with the request unfinished")
+                    raise EngineError("the scheduler went idle with the request unfinished")
         finally:
             if not finished:
                 self.scheduler.abort(req.rid)
@@ -122,27 +123,37 @@ class Engine:
                              sampling_params=sampling_params, **kw)
 
     def abort(self, rid: str) -> bool:
+        """Stop request `rid`, returning everything it holds; whether it was in flight."""
+        self._check_open()
         return self.scheduler.abort(rid) is not None
 
     # -- control and stats -----------------------------------------------------------------------
     def flush_cache(self) -> bool:
         """Empty the prefix cache; False (nothing done) while requests are in flight."""
+        self._check_open()
         return self.scheduler.flush_cache()
 
     def get_stats(self) -> dict[str, Any]:
         """Cache hit rate, token usage, free/evictable/protected tokens, queue lengths, counters."""
+        self._check_open()
         return self.scheduler.get_stats()
 
     def check_invariants(self) -> None:
+        self._check_open()
         self.scheduler.check_invariants()
 
     def shutdown(self) -> None:
+        """Abort whatever is in flight and release the model and the KV pool."""
         if self._closed:
             return
         for rid in list(self.scheduler.reqs):
             self.scheduler.abort(rid)
         self._closed = True
         del self.scheduler, self.runner
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise EngineError("this engine has been shut down")
 
     def __enter__(self) -> Engine:
         return self
@@ -152,8 +163,7 @@ class Engine:
 
     # -- helpers ---------------------------------------------------------------------------------
     def _make_requests(self, prompt, sampling_params, input_ids, namespace) -> tuple[list[Req], bool]:
-        if self._closed:
-            raise RuntimeError("this engine has been shut down")
+        self._check_open()
         if (prompt is None) == (input_ids is None):
             raise InvalidRequestError("give exactly one of prompt or input_ids")
         if prompt is not None:
@@ -174,6 +184,13 @@ class Engine:
         else:
             params_list = [sampling_params] * len(ids)
         namespaces = namespace if isinstance(namespace, list) else [namespace] * len(ids)
+        if len(namespaces) != len(ids):
+            raise InvalidRequestError(f"{len(namespaces)} namespaces for {len(ids)} prompts")
+        for ns in namespaces:
+            try:
+                hash(ns)
+            except TypeError:
+                raise InvalidRequestError(f"namespace {ns!r} must be hashable (a string or number)") from None
         reqs = []
         for i, (toks, params, ns) in enumerate(zip(ids, params_list, namespaces)):
             try:

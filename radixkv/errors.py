@@ -47,3 +47,7 @@ class InvalidRequestError(RadixKVError, ValueError):
 
     Raised before the request touches the scheduler; the message names the field at fault.
     """
+
+
+class EngineError(RadixKVError, RuntimeError):
+    """The engine cannot serve a call: it was shut down, or its scheduler stopped making progress."""

@@ -8,13 +8,14 @@ from typing import Any
 from radixkv.errors import InvalidRequestError
 
 MAX_NEW_TOKENS_LIMIT = 1 << 20
+GREEDY_TEMPERATURE = 1e-5
 
 
 @dataclass(frozen=True)
 class SamplingParams:
     """Per-request sampling and stopping (the SGLang / OpenAI meanings).
 
-    `temperature == 0` (or `top_k == 1`) is greedy decoding. `top_k <= 0` and `top_p == 1`
+    `temperature < 1e-5` (e.g. 0) or `top_k == 1` is greedy decoding. `top_k <= 0` and `top_p == 1`
     disable those filters. Penalties follow OpenAI (`frequency_penalty`, `presence_penalty`:
     subtracted per occurrence / once, over generated tokens) and HF (`repetition_penalty`:
     divides positive logits of prompt and generated tokens, multiplies negative ones).
@@ -72,7 +73,8 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0 or self.top_k == 1
+        """Argmax decoding: temperature below 1e-5 (dividing by it would overflow) or top_k 1."""
+        return self.temperature < GREEDY_TEMPERATURE or self.top_k == 1
 
     @property
     def has_penalties(self) -> bool:

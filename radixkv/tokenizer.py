@@ -90,3 +90,12 @@ class IncrementalDetokenizer:
             self.text += delta
             return delta
         return ""
+
+    def finish(self, ids: list[int]) -> str:
+        """The rest of the text once `ids` is final, held-back partial characters included."""
+        prefix = self.tokenizer.decode(ids[self.prefix_offset : self.read_offset], self.skip)
+        full = self.tokenizer.decode(ids[self.prefix_offset :], self.skip)
+        delta = full[len(prefix):] if full.startswith(prefix) else ""
+        self.prefix_offset = self.read_offset = len(ids)
+        self.text += delta
+        return delta

@@ -34,9 +34,19 @@ class PrefixCache(ABC):
     allocator: PageAllocator
     page_size: int
 
+    stats_evicted_tokens: int
+    """Tokens evicted since the cache was created."""
+
     @abstractmethod
-    def match_prefix(self, key: Sequence[int], namespace: Namespace = None) -> MatchResult:
-        """Longest cached prefix of `key` (page-aligned); refreshes the access time of its path."""
+    def match_prefix(
+        self, key: Sequence[int], namespace: Namespace = None, *, record_hit: bool = True
+    ) -> MatchResult:
+        """Longest cached prefix of `key` (page-aligned).
+
+        With `record_hit` (a request will use the prefix) the path's access times and hit counts
+        are updated; without it the call is a peek that changes no statistic (it may still split
+        an edge where the match ends).
+        """
 
     @abstractmethod
     def insert(self, key: Sequence[int], pages: Sequence[int], namespace: Namespace = None) -> int:
@@ -72,6 +82,10 @@ class PrefixCache(ABC):
     def total_tokens(self) -> int:
         """All tokens held by the cache."""
         return self.evictable_tokens + self.protected_tokens
+
+    @abstractmethod
+    def cached_pages(self) -> set[int]:
+        """Every page the cache holds a reference on."""
 
     @abstractmethod
     def reset(self) -> None:
@@ -112,7 +126,7 @@ class PrefixCache(ABC):
         """
         n = self.aligned(min(len(key), seq.num_tokens))
         self.insert(key[:n], seq.pages[: n // self.page_size], namespace)
-        match = self.match_prefix(key[:n], namespace)
+        match = self.match_prefix(key[:n], namespace, record_hit=False)  # its own insert, no hit
         seq.replace_prefix(match.pages)
         self.lock(match.last_node)
         self.unlock(last_node)

@@ -3,7 +3,10 @@
 A policy maps a leaf to a priority tuple; the cache keeps its evictable leaves in a sorted
 container keyed by that tuple and evicts the smallest first, so picking a victim is O(log n).
 A node's priority is recomputed whenever the cache touches it (a match or insert passes
-through it), trims it, or it becomes an evictable leaf; in between it must not change.
+through it), trims it, or it becomes an evictable leaf. Policies whose rank also reads learned,
+global state (`reuse`: its time scale `tau`; the hit count of a chain's oldest node) keep the
+rank they had when last re-ranked until then: between refreshes the order is approximate, which
+keeps victim selection O(log n) instead of re-sorting on every change.
 
 Eviction takes a leaf's pages from the tail, so `priority(node, end)` ranks the leaf as if it
 held only its first `end` tokens, i.e. by its tail page ending there. A policy whose priority

@@ -45,6 +45,9 @@ class NoCache(PrefixCache):
     def protected_tokens(self) -> int:
         return 0
 
+    def cached_pages(self) -> set[int]:
+        return set()
+
     def reset(self) -> None:
         pass
 

@@ -145,7 +145,7 @@ class RadixCache(PrefixCache):
         self, key: Sequence[int], namespace: Namespace = None, *, record_hit: bool = True
     ) -> MatchResult:
         key = self._as_key(key)
-        now = self._tick()
+        now = self._tick() if record_hit else self._clock
         node, pos, pages = self.root, 0, []
         while pos < len(key):
             child = node.children.get(self._child_key(node, key, pos, namespace))
@@ -154,7 +154,8 @@ class RadixCache(PrefixCache):
             n = self._match_len(child.key, key, pos)
             if n < len(child.key):
                 child = self._split(child, n)
-            self._touch(child, now, hit=record_hit)
+            if record_hit:
+                self._touch(child, now, hit=True)
             pages.extend(child.pages)
             pos += n
             node = child
@@ -275,7 +276,9 @@ class RadixCache(PrefixCache):
             self.policy.on_evict(node, self._clock)
             keep = len(node.key)
             if granular:
-                runner_up = self._candidates[0][0] if self._candidates else None
+                # rank the runner-up afresh: a policy's ranks may drift with its learned state
+                nxt = self._candidates[0][2] if self._candidates else None
+                runner_up = self.policy.priority(nxt, len(nxt.key)) if nxt is not None else None
                 while keep and freed < num_tokens:
                     keep -= size
                     freed += size
@@ -324,6 +327,12 @@ class RadixCache(PrefixCache):
             node = stack.pop()
             yield node
             stack.extend(node.children.values())
+
+    def cached_pages(self) -> set[int]:
+        pages: set[int] = set()
+        for node in self._iter_nodes():
+            pages.update(node.pages)
+        return pages
 
     def pretty(self) -> str:
         """The tree as indented text (for debugging)."""

@@ -22,7 +22,7 @@ from typing import Any
 
 from radixkv.attention import ForwardMode
 from radixkv.config import EngineConfig
-from radixkv.errors import InvalidRequestError
+from radixkv.errors import CacheInvariantError, InvalidRequestError
 from radixkv.mem import NoCache, PrefixCache, RadixCache, SeqPages, pages_for_tokens
 from radixkv.model.runner import ModelRunner
 from radixkv.model.sampler import Sampler, SamplingRow
@@ -36,6 +36,11 @@ logger = logging.getLogger(__name__)
 
 
 class Scheduler:
+    """Continuous batching over the radix cache for one `ModelRunner` (see the module docstring).
+
+    Not thread-safe: one caller drives `add_request`, `step` and `abort`.
+    """
+
     def __init__(self, config: EngineConfig, runner: ModelRunner, decoder: Decoder | None = None,
                  eos_ids: frozenset[int] = frozenset()):
         self.config = config
@@ -82,6 +87,9 @@ class Scheduler:
             raise InvalidRequestError(
                 f"prompt of {len(ids)} tokens + max_new_tokens={req.params.max_new_tokens} needs more "
                 f"KV than the whole pool holds ({self.allocator.total_tokens} tokens)")
+        for i, t in enumerate(req.params.stop_token_ids):
+            if t >= vocab:
+                raise InvalidRequestError(f"sampling_params.stop_token_ids[{i}]={t} is not a token id in [0, {vocab})")
         if req.params.stop and self.decoder is None:
             raise InvalidRequestError("stop strings need a tokenizer; this scheduler has none")
 
@@ -101,17 +109,21 @@ class Scheduler:
 
     # -- the loop --------------------------------------------------------------------------------
     def step(self) -> list[ReqOutput]:
-        """Run one forward (extend if anything can be prefilled, else decode)."""
+        """Run one forward (extend if anything can be prefilled, else decode).
+
+        If the forward raises, the batch's new KV slots are rolled back (so nothing that was
+        never computed can reach the cache) and the error propagates.
+        """
         start = time.perf_counter()
-        batch = self._schedule_extend() or self._schedule_decode()
-        while batch is None and self.running:
-            # every running request is stuck mid-prefill for lack of pages: the latest yields
-            self._retract(max(self.running, key=lambda r: r.arrival_time))
-            batch = self._schedule_extend() or self._schedule_decode()
+        batch = self._schedule()
         if batch is None:
-            return []
+            return self._fail_unadmittable()
         forward_start = time.perf_counter()
-        logits = self.runner.forward(batch.forward)  # (N, V), one row per sampling request
+        try:
+            logits = self.runner.forward(batch.forward)  # (N, V), one row per sampling request
+        except BaseException:
+            self._rollback(batch)
+            raise
         forward_time = time.perf_counter() - forward_start
         outputs = self._process(batch, logits)
         self.stats.record_step(batch.mode, len(batch.reqs), time.perf_counter() - start, forward_time)
@@ -119,23 +131,50 @@ class Scheduler:
             self.check_invariants()
         return outputs
 
+    def _schedule(self) -> ScheduledBatch | None:
+        batch = self._schedule_extend() or self._schedule_decode()
+        while batch is None and self.running:
+            # every running request is stuck mid-prefill for lack of pages: the latest yields
+            self._retract(max(self.running, key=lambda r: r.arrival_time))
+            batch = self._schedule_extend() or self._schedule_decode()
+        return batch
+
+    def _fail_unadmittable(self) -> list[ReqOutput]:
+        """Nothing runs and the queue head still cannot start: validation should make this
+        impossible, so end it with an error rather than spin."""
+        if not self.waiting:
+            return []
+        req = self.waiting.popleft()
+        logger.error("request %s cannot be admitted into an idle pool; aborting it", req.rid)
+        self._finish(req, {"type": "abort", "message": "cannot fit in the KV pool even when idle"})
+        return [self._output(req)]
+
+    def _rollback(self, batch: ScheduledBatch) -> None:
+        for req, tokens in zip(batch.reqs, batch.new_tokens):
+            if req.status is ReqStatus.RUNNING:
+                req.kv_len -= len(tokens)
+                req.seq.truncate(req.kv_len)
+
     def _schedule_extend(self) -> ScheduledBatch | None:
         """Continue chunked prefills, then admit waiting requests within the token budget."""
         budget = self.config.max_prefill_tokens
         chosen: list[tuple[Req, int, list[int], list[int]]] = []  # (req, start, tokens, slots)
+        blocked = False
         for req in [r for r in self.running if r.is_prefilling]:
             n = min(self._chunk(req), budget)
             if n <= 0 or not self._reserve(req.seq.pages_needed(n)):
+                blocked = True
                 break
             chosen.append(self._grow(req, n))
             budget -= n
-        if self.waiting and budget > 0:
+        if self.waiting and budget > 0 and not blocked:  # admitted prefills finish first
             budget = self._admit(chosen, budget)
         if not chosen:
             return None
         return self._batch(ForwardMode.EXTEND, chosen)
 
     def _admit(self, chosen: list, budget: int) -> int:
+        """Admit waiting requests in policy order until the budget, a row or memory runs out."""
         in_batch = InBatchPrefixes()
         admitted = set()
         for req in self.policy.order(self.waiting):
@@ -144,33 +183,48 @@ class Scheduler:
             key = match_key(req)
             if self.policy.cache_aware and in_batch.shares(key, req.match_len):
                 continue  # computed once by an earlier request of this batch, then hit
-            match = self.cache.match_prefix(key, req.namespace)
-            self.cache.lock(match.last_node)
-            seq = SeqPages.from_prefix(self.allocator, match.pages, match.num_tokens,
-                                       self.runner.pool.copy_page)
-            n = min(req.seq_len - match.num_tokens, budget, self._chunk_cap(req.seq_len))
-            if not self._reserve(seq.pages_needed(n) + self._decode_reserve(req)):
-                self.cache.unlock(match.last_node)
-                seq.release()
+            grown = self._try_admit(req, key, budget)
+            if grown is None:
                 break
-            req.status, req.seq, req.last_node, req.kv_len = ReqStatus.RUNNING, seq, match.last_node, match.num_tokens
-            req.row = self.runner.req_table.alloc()
-            self.runner.req_table.write(req.row, 0, seq.slots())
-            if not req.admitted_once:
-                req.admitted_once = True
-                req.cached_tokens = min(match.num_tokens, len(req.prompt_ids))
-                self.stats.record_admission(len(req.prompt_ids), req.cached_tokens)
-            self.running.append(req)
             admitted.add(req.rid)
             in_batch.add(key)
-            chosen.append(self._grow(req, n))
-            budget -= n
+            chosen.append(grown)
+            budget -= len(grown[2])
         for req in list(self.waiting):
             if req.rid in admitted:
                 self.waiting.remove(req)
             else:
                 req.passed_over += 1
         return budget
+
+    def _try_admit(self, req: Req, key: list[int], budget: int) -> tuple | None:
+        """Lock `req`'s cached prefix and give it pages for its first chunk, or change nothing.
+
+        Reserves the chunk plus `retract_decode_steps` tokens of decode headroom as one span
+        (so page rounding is counted once, as `validate` counts it), on top of the headroom of
+        every running request. Evicts only when that makes enough room.
+        """
+        peek = self.cache.match_prefix(key, req.namespace, record_hit=False)
+        self.cache.lock(peek.last_node)
+        n = min(req.seq_len - peek.num_tokens, budget, self._chunk_cap(req.seq_len))
+        horizon = min(req.remaining_new_tokens, self.config.retract_decode_steps)
+        need = pages_for_tokens(peek.num_tokens + n + horizon, self.page_size) - len(peek.pages)
+        if not self._reserve(need + self._decode_reserve()):
+            self.cache.unlock(peek.last_node)
+            return None
+        match = self.cache.match_prefix(key, req.namespace)  # now a real use: counts as a hit
+        assert match.last_node is peek.last_node and match.pages == peek.pages
+        req.seq = SeqPages.from_prefix(self.allocator, match.pages, match.num_tokens,
+                                       self.runner.pool.copy_page)
+        req.status, req.last_node, req.kv_len = ReqStatus.RUNNING, match.last_node, match.num_tokens
+        req.row = self.runner.req_table.alloc()
+        self.runner.req_table.write(req.row, 0, req.seq.slots())
+        if not req.admitted_once:
+            req.admitted_once = True
+            req.cached_tokens = min(match.num_tokens, len(req.prompt_ids))
+            self.stats.record_admission(len(req.prompt_ids), req.cached_tokens)
+        self.running.append(req)
+        return self._grow(req, n)
 
     def _schedule_decode(self) -> ScheduledBatch | None:
         """One new token for every decoding request, retracting some if memory runs out."""
@@ -234,17 +288,21 @@ class Scheduler:
         req.kv_len += n
         return req, start, req.tokens(start, start + n), slots
 
-    def _decode_reserve(self, new: Req | None = None) -> int:
-        """Pages kept free for the next decode steps of running requests (and `new`)."""
+    def _decode_reserve(self) -> int:
+        """Pages kept free for the next `retract_decode_steps` decode steps of running requests."""
         horizon = self.config.retract_decode_steps
-        reqs = self.running + ([new] if new is not None else [])
-        return sum(pages_for_tokens(min(r.remaining_new_tokens, horizon), self.page_size) for r in reqs)
+        return sum(r.seq.pages_needed(min(r.remaining_new_tokens, horizon)) for r in self.running)
 
     def _reserve(self, pages: int) -> bool:
-        """Make `pages` free, evicting unlocked cache leaves if needed; whether it worked."""
+        """Make `pages` free, evicting unlocked cache leaves if needed; whether it worked.
+
+        Evicts nothing when even evicting everything evictable would not make enough room."""
         short = pages - self.allocator.free_pages
-        if short > 0:
-            self.cache.evict(short * self.page_size)
+        if short <= 0:
+            return True
+        if short > self.cache.evictable_tokens // self.page_size:
+            return False
+        self.cache.evict(short * self.page_size)
         return self.allocator.free_pages >= pages
 
     def _release(self, req: Req) -> None:
@@ -288,21 +346,25 @@ class Scheduler:
         return True
 
     def check_invariants(self) -> None:
-        """Pool, tree and requests agree: every page is free, cached or held by a running request."""
-        cached = set()
-        if isinstance(self.cache, RadixCache):
-            for node in self.cache._iter_nodes():
-                cached.update(node.pages)
+        """Pool, tree and requests agree: every page is free, cached or held by a running request.
+
+        Raises `CacheInvariantError` (never a bare assert, which `python -O` would drop)."""
+        cached = self.cache.cached_pages()
         inflight = set()
-        for req in self.running:
-            req.check()
-            inflight.update(p for p in req.seq.pages if p not in cached)
-        for req in self.waiting:
-            req.check()
+        try:
+            for req in self.running:
+                req.check()
+                inflight.update(p for p in req.seq.pages if p not in cached)
+            for req in self.waiting:
+                req.check()
+        except AssertionError as e:
+            raise CacheInvariantError(f"request state: {e}") from e
         self.cache.check_invariants(inflight_pages=len(inflight))
         if not self.has_work:
-            assert self.cache.protected_tokens == 0, "a lock outlived its request"
-            assert self.allocator.free_tokens + self.cache.evictable_tokens == self.allocator.total_tokens
+            if self.cache.protected_tokens:
+                raise CacheInvariantError("a lock outlived its request")
+            if self.allocator.free_tokens + self.cache.evictable_tokens != self.allocator.total_tokens:
+                raise CacheInvariantError("idle, yet some pages are neither free nor evictable")
 
     def get_stats(self) -> dict[str, Any]:
         a = self.allocator

@@ -28,7 +28,11 @@ def suppressed_ids(req: Req, eos_ids: frozenset[int]) -> tuple[int, ...]:
 def finish_reason(
     req: Req, eos_ids: frozenset[int], context_length: int, decoder: Decoder | None
 ) -> dict[str, Any] | None:
-    """Why `req` stops after its newest token, or None if it goes on."""
+    """Why `req` stops after its newest token, or None if it goes on.
+
+    A stop string counts only if it ends in the newest token's text: an occurrence that ended
+    earlier was either caught then or came before `min_new_tokens` and does not count.
+    """
     p = req.params
     out = req.output_ids
     if out and len(out) >= p.min_new_tokens:
@@ -36,11 +40,9 @@ def finish_reason(
         if last in p.stop_token_ids or (not p.ignore_eos and last in eos_ids):
             return {"type": "stop", "matched": last}
         if p.stop and decoder is not None:
-            longest = max(len(s) for s in p.stop)
-            tail = decoder.decode(out[-(longest + 2):], skip_special_tokens=False)
-            for s in p.stop:
-                if s in tail:
-                    return {"type": "stop", "matched": s}
+            matched = _new_stop_string(out, p.stop, decoder)
+            if matched is not None:
+                return {"type": "stop", "matched": matched}
     if len(out) >= p.max_new_tokens:
         return {"type": "length", "length": len(out)}
     if req.seq_len >= context_length:
@@ -48,10 +50,25 @@ def finish_reason(
     return None
 
 
+def _new_stop_string(out: list[int], stops: tuple[str, ...], decoder: Decoder) -> str | None:
+    window = max(len(s) for s in stops) + 2  # tokens: each decodes to at least one character
+    before = decoder.decode(out[-window:-1], skip_special_tokens=False)
+    text = decoder.decode(out[-window:], skip_special_tokens=False)
+    if not text.startswith(before):  # the newest token changed earlier characters: re-check all
+        before = ""
+    for s in stops:
+        if s in text[max(0, len(before) - len(s) + 1):]:
+            return s
+    return None
+
+
 def trim_stop_string(text: str, reason: dict[str, Any] | None) -> str:
-    """Cut the output text before the stop string that ended it (SGLang's default)."""
+    """Cut the output text before the stop string that ended it (SGLang's default).
+
+    The string that ended generation is the last occurrence: any earlier one did not count.
+    """
     if reason and reason.get("type") == "stop" and isinstance(reason.get("matched"), str):
-        cut = text.find(reason["matched"])
+        cut = text.rfind(reason["matched"])
         if cut >= 0:
             return text[:cut]
     return text

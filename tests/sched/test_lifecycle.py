@@ -2,7 +2,7 @@
 
 import pytest
 
-from radixkv.errors import InvalidRequestError
+from radixkv.errors import EngineError, InvalidRequestError
 from radixkv.sampling_params import SamplingParams
 from radixkv.sched import Req
 from tests.sched.conftest import SYSTEM, assert_idle_and_clean, greedy, workload
@@ -115,7 +115,7 @@ def test_namespaces_isolate_cached_prefixes(tiny_engine):
 def test_shutdown_engine_refuses_work(tiny_engine):
     engine = tiny_engine()
     engine.shutdown()
-    with pytest.raises(RuntimeError, match="shut down"):
+    with pytest.raises(EngineError, match="shut down"):
         engine.generate(input_ids=[1, 2], sampling_params=greedy(2))
 
 
