@@ -106,14 +106,14 @@ def run_generate(args: argparse.Namespace) -> int:
         start = time.perf_counter()
         if args.no_stream:
             out = engine.generate(sampling_params=sampling_params(args), **request)
-            print(out["text"])
+            print(out["text"], flush=True)
             meta = out["meta_info"]
         else:
             meta = {}
             for chunk in engine.generate_stream(sampling_params=sampling_params(args), **request):
                 print(chunk["text"], end="", flush=True)
                 meta = chunk["meta_info"]
-            print()
+            print(flush=True)
         elapsed = time.perf_counter() - start
         print(f"[{meta['prompt_tokens']} prompt tokens, {meta['cached_tokens']} cached, "
               f"{meta['completion_tokens']} generated in {elapsed:.2f} s, "
