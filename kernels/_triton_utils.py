@@ -12,6 +12,16 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
+def check_paged_args(q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor,
+                     req_to_token: torch.Tensor) -> int:
+    """Validate the layout the kernels index by hand; returns the GQA group size."""
+    num_q_heads, num_kv_heads = q.shape[1], k_buffer.shape[1]
+    assert num_q_heads % num_kv_heads == 0, (num_q_heads, num_kv_heads)
+    assert q.stride(-1) == k_buffer.stride(-1) == req_to_token.stride(-1) == 1
+    assert k_buffer.stride() == v_buffer.stride()
+    return num_q_heads // num_kv_heads
+
+
 def block_d(head_dim: int) -> int:
     """Head dim padded to a power of two (the kernels mask the padding lanes)."""
     return triton.next_power_of_2(head_dim)

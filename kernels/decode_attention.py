@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._triton_utils import block_d, dot_fp32, dot_precision, interpreting, load_kv_tile, online_softmax_step
+from ._triton_utils import block_d, check_paged_args, dot_fp32, dot_precision, interpreting, load_kv_tile, online_softmax_step
 
 
 @triton.jit
@@ -131,10 +131,7 @@ def decode_attention(
     """
     batch_size, num_q_heads, head_dim = q.shape
     num_kv_heads = k_buffer.shape[1]
-    assert num_q_heads % num_kv_heads == 0, (num_q_heads, num_kv_heads)
-    assert q.stride(-1) == k_buffer.stride(-1) == req_to_token.stride(-1) == 1
-    assert k_buffer.stride() == v_buffer.stride()
-    group = num_q_heads // num_kv_heads
+    group = check_paged_args(q, k_buffer, v_buffer, req_to_token)
     o = torch.empty_like(q)  # (B, Hq, D)
     if batch_size == 0:
         return o

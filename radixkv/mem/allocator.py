@@ -138,16 +138,11 @@ class PageAllocator:
         self._free = list(range(self.num_pages, 0, -1))
 
 
-def pages_to_slots(pages: list[int], page_size: int, num_tokens: int) -> list[int]:
-    """KV slot ids of the first `num_tokens` tokens stored in `pages` (in order)."""
+def pages_to_slots(pages: list[int], page_size: int, end: int, start: int = 0) -> list[int]:
+    """KV slot ids of token positions `[start, end)` of a sequence stored in `pages` (in order)."""
     if page_size == 1:
-        return pages[:num_tokens]
-    slots: list[int] = []
-    for p in pages:
-        base = p * page_size
-        slots.extend(range(base, base + page_size))
-    del slots[num_tokens:]
-    return slots
+        return pages[start:end]
+    return [pages[i // page_size] * page_size + i % page_size for i in range(start, end)]
 
 
 def pages_for_tokens(num_tokens: int, page_size: int) -> int:

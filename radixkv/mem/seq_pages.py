@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from radixkv.mem.allocator import PageAllocator, pages_for_tokens
+from radixkv.mem.allocator import PageAllocator, pages_for_tokens, pages_to_slots
 
 CopyPage = Callable[[int, int], None]
 """copy_page(src_page, dst_page): copies the KV data of one page in every layer."""
@@ -119,8 +119,4 @@ class SeqPages:
         end = self.num_tokens if end is None else end
         if not 0 <= start <= end <= self.num_tokens:
             raise ValueError(f"positions [{start}, {end}) outside 0..{self.num_tokens}")
-        size = self.page_size
-        if size == 1:
-            return self.pages[start:end]
-        pages = self.pages
-        return [pages[i // size] * size + i % size for i in range(start, end)]
+        return pages_to_slots(self.pages, self.page_size, end, start)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -34,11 +34,5 @@ class ScheduledBatch:
                                 device=device, logits="last")
         if not all(samples):  # logits only where a token is sampled (skip mid-prefill chunks)
             keep = torch.tensor([i for i, s in enumerate(samples) if s], dtype=torch.int64)
-            fb = _with_logits_index(fb, fb.logits_index[keep.to(fb.logits_index.device)])
+            fb = replace(fb, logits_index=fb.logits_index[keep.to(fb.logits_index.device)])
         return cls(mode, reqs, new_tokens, samples, fb)
-
-
-def _with_logits_index(fb: ForwardBatch, index: torch.Tensor) -> ForwardBatch:
-    from dataclasses import replace
-
-    return replace(fb, logits_index=index)
