@@ -36,7 +36,10 @@ class EngineConfig:
     device: str = _opt("auto", "auto, cpu, cuda or cuda:N (auto: cuda when present)")
     dtype: str = _opt("auto", "weights and KV dtype: auto (float32 on CPU, bfloat16 on CUDA), "
                       "float32, float16 or bfloat16")
-    attention_backend: str = _opt("auto", "auto (torch on CPU, triton on CUDA), torch or triton")
+    attention_backend: str = _opt("auto", "auto (torch on CPU, triton on CUDA), torch, triton, or "
+                                  "reference (masked SDPA: slow, the ground truth for debugging)")
+    num_threads: int | None = _opt(None, "torch compute threads of the model (default: the cores this "
+                                   "process may use, from its CPU affinity)")
     page_size: int = _opt(1, "tokens per KV page; prefix matches and eviction are page-aligned")
     max_total_tokens: int | None = _opt(None, "KV pool size in tokens (default: kv_mem_fraction of "
                                         "free memory)")
@@ -69,8 +72,10 @@ class EngineConfig:
         if self.device.startswith("cuda") and not torch.cuda.is_available():
             raise ConfigError(f"device={self.device!r}: CUDA is not available on this machine")
         check(self.dtype == "auto" or self.dtype in DTYPES, "dtype", f"must be auto or one of {list(DTYPES)}")
-        check(self.attention_backend in ("auto", "torch", "triton"), "attention_backend",
-              "must be auto, torch or triton")
+        check(self.attention_backend in ("auto", "torch", "triton", "reference"), "attention_backend",
+              "must be auto, torch, triton or reference")
+        check(self.num_threads is None or (isinstance(self.num_threads, int) and self.num_threads >= 1),
+              "num_threads", "must be a positive integer (or unset: the usable cores)")
         check(self.page_size >= 1, "page_size", "must be >= 1")
         check(self.max_total_tokens is None or self.max_total_tokens >= self.page_size,
               "max_total_tokens", "must be at least one page")

@@ -1,13 +1,20 @@
 """Attention backends: paged attention over the KV pool, reached through `req_to_token`.
 
-Both backends have one interface and run the same math: `torch` uses the reference
-implementations in `radixkv.kernels.reference` (gather + SDPA; the CPU default), `triton` the
-Triton kernels in `radixkv.kernels` (the CUDA default; on CPU only under `TRITON_INTERPRET=1`,
-for tests). Each layer's call stores the new tokens' K/V into their slots, then attends over
-prefix + new tokens (extend) or over the whole sequence (decode).
+All backends have one interface and run the same math:
+- `torch` (the CPU default): torch's fused flash kernel without dense masks
+  (`radixkv.attention.sdpa_paged`); sliding-window layers, and non-CPU devices, take the
+  reference path.
+- `triton` (the CUDA default): the Triton kernels in `radixkv.kernels` (on CPU only under
+  `TRITON_INTERPRET=1`, for tests).
+- `reference`: `radixkv.kernels.reference` (gather + masked SDPA), the ground truth the others
+  are tested against; slow, for debugging numerics.
+
+Each layer's call stores the new tokens' K/V into their slots, then attends over prefix + new
+tokens. An extend batch may mix requests with many new tokens (prefill chunks) and requests
+with one (decode steps riding in the same forward).
 
 `begin_forward(fb)` is called once per model forward, before the first layer: per-forward work
-that every layer shares (the torch backend's gather indices and masks) happens there.
+that every layer shares (gather indices, masks) happens there.
 """
 
 from __future__ import annotations
@@ -17,11 +24,12 @@ from abc import ABC, abstractmethod
 
 import torch
 
+from radixkv.attention import sdpa_paged
 from radixkv.attention.forward_batch import ForwardBatch, ForwardMode
 from radixkv.errors import ConfigError
 from radixkv.mem.kv_pool import KVPool
 
-BACKENDS = ("torch", "triton")
+BACKENDS = ("torch", "triton", "reference")
 
 
 class AttentionBackend(ABC):
@@ -53,24 +61,20 @@ class AttentionBackend(ABC):
         k_buf = self.pool.k_slots(layer)  # (S, Hkv, D)
         v_buf = self.pool.v_slots(layer)  # (S, Hkv, D)
         self.store_kv(k_buf, v_buf, fb.out_cache_loc, k, v)
-        if fb.mode is ForwardMode.DECODE:
-            return self.decode(q, k_buf, v_buf, sm_scale, sliding_window, fb)
-        return self.extend(q, k_buf, v_buf, sm_scale, sliding_window, fb)
+        return self.attend(q, k, v, k_buf, v_buf, sm_scale, sliding_window, fb)
 
     @abstractmethod
     def store_kv(self, k_buf, v_buf, loc, k, v) -> None: ...
 
     @abstractmethod
-    def extend(self, q, k_buf, v_buf, sm_scale, sliding_window, fb) -> torch.Tensor: ...
-
-    @abstractmethod
-    def decode(self, q, k_buf, v_buf, sm_scale, sliding_window, fb) -> torch.Tensor: ...
+    def attend(self, q, k, v, k_buf, v_buf, sm_scale, sliding_window, fb) -> torch.Tensor:
+        """Attention of the new tokens `q` (their K/V `k`, `v` already stored) -> (T, Hq, D)."""
 
 
-class TorchBackend(AttentionBackend):
-    """Reference attention (gather + SDPA); plans are built once per forward and window size."""
+class ReferenceBackend(AttentionBackend):
+    """Gather + masked SDPA (`radixkv.kernels.reference`); plans built once per forward and window."""
 
-    name = "torch"
+    name = "reference"
 
     def __init__(self, pool: KVPool, req_to_token: torch.Tensor):
         super().__init__(pool, req_to_token)
@@ -86,20 +90,45 @@ class TorchBackend(AttentionBackend):
     def store_kv(self, k_buf, v_buf, loc, k, v) -> None:
         self.ref.store_kv(k_buf, v_buf, loc, k, v)
 
-    def extend(self, q, k_buf, v_buf, sm_scale, sliding_window, fb):
+    def attend(self, q, k, v, k_buf, v_buf, sm_scale, sliding_window, fb):
         plan = self._plans.get(sliding_window)
+        if fb.mode is ForwardMode.DECODE:
+            if plan is None:
+                plan = self._plans[sliding_window] = self.ref.plan_decode(
+                    self.req_to_token, fb.req_pool_indices, fb.seq_lens, sliding_window)
+            return self.ref.decode_attention_planned(q, k_buf, v_buf, plan, sm_scale)
         if plan is None:
             plan = self._plans[sliding_window] = self.ref.plan_extend(
                 self.req_to_token, fb.req_pool_indices, fb.seq_lens, fb.prefix_lens,
                 fb.extend_start_loc, sliding_window)
         return self.ref.extend_attention_planned(q, k_buf, v_buf, plan, sm_scale)
 
-    def decode(self, q, k_buf, v_buf, sm_scale, sliding_window, fb):
-        plan = self._plans.get(sliding_window)
-        if plan is None:
-            plan = self._plans[sliding_window] = self.ref.plan_decode(
-                self.req_to_token, fb.req_pool_indices, fb.seq_lens, sliding_window)
-        return self.ref.decode_attention_planned(q, k_buf, v_buf, plan, sm_scale)
+
+class TorchBackend(ReferenceBackend):
+    """torch's fused CPU attention without dense masks; the reference path for windowed layers."""
+
+    name = "torch"
+
+    def __init__(self, pool: KVPool, req_to_token: torch.Tensor):
+        super().__init__(pool, req_to_token)
+        self.fused = pool.device.type == "cpu"
+        self._sdpa_plan: sdpa_paged.SdpaPlan | None = None
+
+    def begin_forward(self, fb: ForwardBatch) -> None:
+        super().begin_forward(fb)
+        self._sdpa_plan = None
+
+    def store_kv(self, k_buf, v_buf, loc, k, v) -> None:
+        k_buf.index_copy_(0, loc, k.to(k_buf.dtype))  # (T, Hkv, D) into slots
+        v_buf.index_copy_(0, loc, v.to(v_buf.dtype))
+
+    def attend(self, q, k, v, k_buf, v_buf, sm_scale, sliding_window, fb):
+        if sliding_window is not None or not self.fused:
+            return super().attend(q, k, v, k_buf, v_buf, sm_scale, sliding_window, fb)
+        if self._sdpa_plan is None:
+            self._sdpa_plan = sdpa_paged.plan(self.req_to_token, fb.req_pool_indices, fb.seq_lens,
+                                              fb.prefix_lens, fb.extend_start_loc, fb.num_tokens)
+        return sdpa_paged.attention(q, k, v, k_buf, v_buf, self._sdpa_plan, sm_scale)
 
 
 class TritonBackend(AttentionBackend):
@@ -121,20 +150,19 @@ class TritonBackend(AttentionBackend):
     def store_kv(self, k_buf, v_buf, loc, k, v) -> None:
         self.kernels.store_kv(k_buf, v_buf, loc, k, v)
 
-    def extend(self, q, k_buf, v_buf, sm_scale, sliding_window, fb):
-        return self.kernels.extend_attention(
-            q, k_buf, v_buf, self.req_to_token, fb.req_pool_indices, fb.seq_lens,
-            fb.prefix_lens, fb.extend_start_loc, fb.max_extend_len, sm_scale, sliding_window)
-
-    def decode(self, q, k_buf, v_buf, sm_scale, sliding_window, fb):
+    def attend(self, q, k, v, k_buf, v_buf, sm_scale, sliding_window, fb):
+        if fb.mode is ForwardMode.EXTEND:
+            return self.kernels.extend_attention(
+                q, k_buf, v_buf, self.req_to_token, fb.req_pool_indices, fb.seq_lens,
+                fb.prefix_lens, fb.extend_start_loc, fb.max_extend_len, sm_scale, sliding_window)
         return self.kernels.decode_attention(
             q, k_buf, v_buf, self.req_to_token, fb.req_pool_indices, fb.seq_lens,
             sm_scale, sliding_window)
 
 
 def make_backend(name: str, pool: KVPool, req_to_token: torch.Tensor) -> AttentionBackend:
-    """The backend called `name` ('torch' or 'triton') over `pool`."""
-    classes = {"torch": TorchBackend, "triton": TritonBackend}
+    """The backend called `name` (one of `BACKENDS`) over `pool`."""
+    classes = {"torch": TorchBackend, "triton": TritonBackend, "reference": ReferenceBackend}
     if name not in classes:
         raise ConfigError(f"unknown attention backend {name!r}; choose one of {BACKENDS}")
     return classes[name](pool, req_to_token)

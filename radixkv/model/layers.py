@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from radixkv.model.config import RopeConfig
+from radixkv.model.cpu_runtime import linear_add
 
 
 class RMSNorm(nn.Module):
@@ -18,6 +19,8 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (T, H) -> (T, H)
         dtype = x.dtype
+        if dtype == torch.float32:  # one fused kernel; the same arithmetic as below
+            return nn.functional.rms_norm(x, self.weight.shape, self.weight, self.eps)
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x32.to(dtype)
@@ -64,21 +67,24 @@ class RotaryEmbedding(nn.Module):
         self.sin = freqs.sin()  # (P, D/2)
 
     def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Tables for `positions` (T,), shaped to broadcast over heads: (T, 1, D/2) each."""
-        return self.cos[positions][:, None, :], self.sin[positions][:, None, :]
+        """Rotate-half tables for `positions` (T,), shaped to broadcast over heads.
+
+        Returns `cos2 = [cos, cos]` and `sin2 = [-sin, sin]`, (T, 1, D) each, so a rotation is
+        `x * cos2 + swap_halves(x) * sin2`: three kernels per tensor, built once per forward.
+        """
+        cos, sin = self.cos[positions], self.sin[positions]  # (T, D/2) each
+        return torch.cat((cos, cos), -1)[:, None, :], torch.cat((-sin, sin), -1)[:, None, :]
 
 
-def apply_rotary(
-    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotate q (T, Hq, D) and k (T, Hkv, D) by the angles of their positions."""
-    return _rotate(q, cos, sin), _rotate(k, cos, sin)
+def rotate(x: torch.Tensor, cos2: torch.Tensor, sin2: torch.Tensor) -> torch.Tensor:
+    """Rotate x (T, H, D) by the angles of its positions (tables from `RotaryEmbedding.cos_sin`).
 
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    # x: (T, H, D); the two halves of the head dimension form the rotated pairs
-    x1, x2 = x.float().chunk(2, dim=-1)  # (T, H, D/2) each
-    out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)  # (T, H, D)
+    The two halves of the head dimension form the rotated pairs:
+    out = [x1 * cos - x2 * sin, x2 * cos + x1 * sin].
+    """
+    x32 = x.float()
+    x1, x2 = x32.chunk(2, dim=-1)  # (T, H, D/2) each
+    out = torch.addcmul(x32 * cos2, torch.cat((x2, x1), dim=-1), sin2)  # (T, H, D)
     return out.to(x.dtype)
 
 
@@ -90,6 +96,7 @@ class SwiGLU(nn.Module):
         self.gate_up_proj = nn.Linear(hidden_size, 2 * intermediate_size, bias=False)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (T, H) -> (T, H)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:  # (T, H) -> (T, H)
+        """`residual + down(silu(gate(x)) * up(x))`."""
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # (T, I) each
-        return self.down_proj(nn.functional.silu(gate) * up)
+        return linear_add(self.down_proj, nn.functional.silu(gate) * up, residual)

@@ -14,7 +14,8 @@ from torch import nn
 from radixkv.attention.backend import AttentionBackend
 from radixkv.attention.forward_batch import ForwardBatch
 from radixkv.model.config import ModelConfig
-from radixkv.model.layers import RMSNorm, RotaryEmbedding, SwiGLU, apply_rotary
+from radixkv.model.cpu_runtime import linear_add
+from radixkv.model.layers import RMSNorm, RotaryEmbedding, SwiGLU, rotate
 
 
 class Attention(nn.Module):
@@ -35,18 +36,20 @@ class Attention(nn.Module):
     def forward(
         self,
         x: torch.Tensor,  # (T, H)
-        cos_sin: tuple[torch.Tensor, torch.Tensor],  # (T, 1, D/2) each
+        cos_sin: tuple[torch.Tensor, torch.Tensor],  # (T, 1, D) each
         backend: AttentionBackend,
         fb: ForwardBatch,
-    ) -> torch.Tensor:  # (T, H)
-        T = x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(T, self.num_heads, self.head_dim)  # (T, Hq, D)
-        k = k.view(T, self.num_kv_heads, self.head_dim)  # (T, Hkv, D)
-        v = v.view(T, self.num_kv_heads, self.head_dim)  # (T, Hkv, D)
-        q, k = apply_rotary(q, k, *cos_sin)
+        residual: torch.Tensor,  # (T, H)
+    ) -> torch.Tensor:  # (T, H): residual + attention output
+        T, D = x.shape[0], self.head_dim
+        qkv = self.qkv_proj(x)  # (T, q_size + 2 * kv_size)
+        qk_size = self.q_size + self.kv_size
+        # q and k rotate as one tensor of Hq + Hkv heads
+        qk = rotate(qkv[:, :qk_size].view(T, self.num_heads + self.num_kv_heads, D), *cos_sin)
+        q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)  # (T, Hq, D), (T, Hkv, D)
+        v = qkv[:, qk_size:].view(T, self.num_kv_heads, D)  # (T, Hkv, D)
         o = backend.forward(q, k, v, self.layer, self.sm_scale, self.sliding_window, fb)  # (T, Hq, D)
-        return self.o_proj(o.reshape(T, self.q_size))
+        return linear_add(self.o_proj, o.reshape(T, self.q_size), residual)
 
 
 class DecoderLayer(nn.Module):
@@ -58,8 +61,8 @@ class DecoderLayer(nn.Module):
         self.mlp = SwiGLU(config.hidden_size, config.intermediate_size)
 
     def forward(self, x, cos_sin, backend, fb):  # (T, H) -> (T, H)
-        x = x + self.self_attn(self.input_layernorm(x), cos_sin, backend, fb)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        x = self.self_attn(self.input_layernorm(x), cos_sin, backend, fb, residual=x)
+        return self.mlp(self.post_attention_layernorm(x), residual=x)
 
 
 class LlamaForCausalLM(nn.Module):
@@ -77,9 +80,32 @@ class LlamaForCausalLM(nn.Module):
         else:
             self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
 
+    def num_parameters(self) -> int:
+        """Parameters of the checkpoint (packed layers included, a tied output layer once)."""
+        from radixkv.model.cpu_runtime import PackedLinear
+
+        dense = sum(p.numel() for p in self.parameters())
+        packed = sum(m.in_features * m.out_features + (m.bias.numel() if m.bias is not None else 0)
+                     for m in self.modules() if isinstance(m, PackedLinear) and m is not self.tied_copy)
+        return dense + packed
+
     @property
-    def lm_head_weight(self) -> torch.Tensor:  # (V, H)
-        return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+    def tied_copy(self) -> nn.Module | None:
+        """The packed output layer made from a tied embedding, if any."""
+        return self.lm_head if self.config.tie_word_embeddings else None
+
+    def prepack_for_cpu(self) -> int:
+        """Swap every linear layer for a oneDNN-prepacked copy (CPU, fp32); returns how many.
+
+        A tied output layer gets a packed copy of the embedding (which stays dense for lookups).
+        """
+        from radixkv.model.cpu_runtime import PackedLinear, prepack_linears
+
+        count = prepack_linears(self)
+        if self.lm_head is None:
+            self.lm_head = PackedLinear(self.embed_tokens.weight)
+            count += 1
+        return count
 
     @torch.inference_mode()
     def forward(self, fb: ForwardBatch, backend: AttentionBackend) -> torch.Tensor:  # (N, V)
@@ -89,4 +115,6 @@ class LlamaForCausalLM(nn.Module):
         for layer in self.layers:
             x = layer(x, cos_sin, backend, fb)
         x = self.norm(x[fb.logits_index])  # (N, H): only the rows whose logits are asked for
-        return torch.nn.functional.linear(x, self.lm_head_weight).float()  # (N, V)
+        if self.lm_head is None:  # tied output layer
+            return torch.nn.functional.linear(x, self.embed_tokens.weight).float()  # (N, V)
+        return self.lm_head(x).float()  # (N, V)

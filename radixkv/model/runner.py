@@ -15,6 +15,7 @@ from radixkv.attention import ForwardBatch, ForwardMode, make_backend
 from radixkv.config import EngineConfig
 from radixkv.errors import ConfigError
 from radixkv.mem import KVLayout, KVPool, PageAllocator, ReqToTokenTable
+from radixkv.model.cpu_runtime import choose_num_threads, packing_supported, tune_malloc, usable_cores
 from radixkv.model.loader import load_model, resolve_model_dir
 
 logger = logging.getLogger(__name__)
@@ -35,8 +36,12 @@ class ModelRunner:
         self.config = config
         self.device = config.torch_device
         self.dtype = config.torch_dtype
+        self.num_threads = choose_num_threads(config.num_threads)
+        if self.device.type == "cpu":
+            tune_malloc()
         self.model_dir = resolve_model_dir(config.model, config.cache_dir)
         self.model = load_model(self.model_dir, self.device, self.dtype, progress=progress)
+        packed = self.model.prepack_for_cpu() if packing_supported(self.device, self.dtype) else 0
         self.model_config = mc = self.model.config
         self.context_length = config.context_length or mc.max_position_embeddings
         if self.context_length > mc.max_position_embeddings:
@@ -57,6 +62,10 @@ class ModelRunner:
             self.device, self.allocator.total_tokens, num_pages, config.page_size,
             self.pool.nbytes / 2**20, self.layout.bytes_per_token, self.backend.name,
         )
+        logger.info("%d torch threads (%s; %d usable cores); %s", self.num_threads,
+                    "--num-threads" if config.num_threads is not None else "from CPU affinity",
+                    usable_cores(), f"{packed} linear layers prepacked for oneDNN" if packed
+                    else "linear layers not prepacked (needs CPU + float32)")
 
     def _num_pages(self) -> int:
         cfg = self.config

@@ -12,11 +12,18 @@ from radixkv.sched.request import Req
 
 @dataclass
 class ScheduledBatch:
+    """One forward: decode rows (one token each) first, then prefill chunks."""
+
     mode: ForwardMode
     reqs: list[Req]
     new_tokens: list[list[int]]  # per request, the tokens this forward runs
     samples: list[bool]  # per request, whether its last position yields a new token
+    num_decode: int  # reqs[:num_decode] are decode rows, the rest prefill chunks
     forward: ForwardBatch
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        return sum(len(t) for t in self.new_tokens[self.num_decode:])
 
     @classmethod
     def build(
@@ -27,6 +34,7 @@ class ScheduledBatch:
         new_tokens: list[list[int]],
         slots: list[int],
         samples: list[bool],
+        num_decode: int,
         device: torch.device,
     ) -> ScheduledBatch:
         """`starts[b]`: position of request b's first new token (its KV length before)."""
@@ -35,4 +43,4 @@ class ScheduledBatch:
         if not all(samples):  # logits only where a token is sampled (skip mid-prefill chunks)
             keep = torch.tensor([i for i, s in enumerate(samples) if s], dtype=torch.int64)
             fb = replace(fb, logits_index=fb.logits_index[keep.to(fb.logits_index.device)])
-        return cls(mode, reqs, new_tokens, samples, fb)
+        return cls(mode, reqs, new_tokens, samples, num_decode, fb)

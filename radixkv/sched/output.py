@@ -5,8 +5,6 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from radixkv.attention import ForwardMode
-
 
 @dataclass(frozen=True, slots=True)
 class ReqOutput:
@@ -33,9 +31,12 @@ class SchedulerStats:
     cached_prompt_tokens: int = 0  # of those, served from the prefix cache
     generated_tokens: int = 0
     retractions: int = 0
-    extend_steps: int = 0
-    decode_steps: int = 0
-    decode_batch_tokens: int = 0
+    extend_steps: int = 0  # forwards with prefill tokens (mixed ones included)
+    decode_steps: int = 0  # forwards of decode tokens only
+    mixed_steps: int = 0  # forwards with both prefill and decode tokens
+    decode_batch_tokens: int = 0  # decode tokens of pure decode steps
+    prefill_tokens: int = 0  # prompt tokens computed (cache hits excluded)
+    decode_tokens: int = 0  # decode tokens computed, in any step
     step_seconds: dict[str, float] = field(default_factory=lambda: {"extend": 0.0, "decode": 0.0})
     forward_seconds: dict[str, float] = field(default_factory=lambda: {"extend": 0.0, "decode": 0.0})
 
@@ -44,13 +45,18 @@ class SchedulerStats:
         self.prompt_tokens += prompt_tokens
         self.cached_prompt_tokens += cached_tokens
 
-    def record_step(self, mode: ForwardMode, batch_size: int, seconds: float, forward: float) -> None:
-        key = mode.value
-        if mode is ForwardMode.DECODE:
-            self.decode_steps += 1
-            self.decode_batch_tokens += batch_size
-        else:
+    def record_step(self, num_decode: int, prefill_tokens: int, seconds: float, forward: float) -> None:
+        """One forward of `num_decode` decode rows and `prefill_tokens` prompt tokens."""
+        self.decode_tokens += num_decode
+        self.prefill_tokens += prefill_tokens
+        if prefill_tokens:
+            key = "extend"
             self.extend_steps += 1
+            self.mixed_steps += num_decode > 0
+        else:
+            key = "decode"
+            self.decode_steps += 1
+            self.decode_batch_tokens += num_decode
         self.step_seconds[key] += seconds
         self.forward_seconds[key] += forward
 

@@ -2,7 +2,8 @@
 
 One request's life, top to bottom:
   add_request  -> validated, queued (WAITING)
-  step         -> extend batch if anything can be prefilled, else decode batch:
+  step         -> one forward over a mixed batch: a decode token for every decoding request,
+                  then prefill chunks (continued, then newly admitted) in the token budget:
     admit      -> match prefix, lock it, allocate pages for a chunk (evicting unlocked leaves),
                   write req_to_token                                           (RUNNING)
     forward    -> model runner: store K/V, attention, logits
@@ -109,7 +110,8 @@ class Scheduler:
 
     # -- the loop --------------------------------------------------------------------------------
     def step(self) -> list[ReqOutput]:
-        """Run one forward (extend if anything can be prefilled, else decode).
+        """Run one forward over a mixed batch: a decode token for every decoding request plus
+        prefill chunks of admitted requests.
 
         If the forward raises, the batch's new KV slots are rolled back (so nothing that was
         never computed can reach the cache) and the error propagates.
@@ -126,18 +128,24 @@ class Scheduler:
             raise
         forward_time = time.perf_counter() - forward_start
         outputs = self._process(batch, logits)
-        self.stats.record_step(batch.mode, len(batch.reqs), time.perf_counter() - start, forward_time)
+        self.stats.record_step(batch.num_decode, batch.num_prefill_tokens,
+                               time.perf_counter() - start, forward_time)
         if self.config.log_level == "debug":
             self.check_invariants()
         return outputs
 
     def _schedule(self) -> ScheduledBatch | None:
-        batch = self._schedule_extend() or self._schedule_decode()
-        while batch is None and self.running:
+        """Decode rows first (running requests never stall behind a long prompt), then prefill
+        chunks in the rest of the token budget; under memory pressure, retract."""
+        decode, retracted = self._schedule_decode()
+        # after a retraction memory is short: admitting now would only thrash
+        budget = max(1, self.config.max_prefill_tokens - len(decode))  # prefill always progresses
+        chosen = decode + self._schedule_prefill(budget, admit=not retracted)
+        while not chosen and self.running:
             # every running request is stuck mid-prefill for lack of pages: the latest yields
             self._retract(max(self.running, key=lambda r: r.arrival_time))
-            batch = self._schedule_extend() or self._schedule_decode()
-        return batch
+            chosen = self._schedule_prefill(self.config.max_prefill_tokens, admit=True)
+        return self._batch(chosen, num_decode=len(decode)) if chosen else None
 
     def _fail_unadmittable(self) -> list[ReqOutput]:
         """Nothing runs and the queue head still cannot start: validation should make this
@@ -155,9 +163,22 @@ class Scheduler:
                 req.kv_len -= len(tokens)
                 req.seq.truncate(req.kv_len)
 
-    def _schedule_extend(self) -> ScheduledBatch | None:
-        """Continue chunked prefills, then admit waiting requests within the token budget."""
-        budget = self.config.max_prefill_tokens
+    def _schedule_decode(self) -> tuple[list, bool]:
+        """One new token for every decoding request, retracting some if memory runs out.
+
+        Returns the grown rows and whether anything was retracted."""
+        reqs = [r for r in self.running if r.is_decoding]
+        retracted = False
+        while reqs and not self._reserve(sum(r.seq.pages_needed(1) for r in reqs)):
+            victim = max(reqs, key=lambda r: r.arrival_time)  # the latest to arrive yields
+            self._retract(victim)
+            reqs.remove(victim)
+            retracted = True
+        return [self._grow(r, 1) for r in reqs], retracted
+
+    def _schedule_prefill(self, budget: int, admit: bool) -> list:
+        """Continue chunked prefills, then (if `admit`) admit waiting requests, within `budget`
+        new tokens."""
         chosen: list[tuple[Req, int, list[int], list[int]]] = []  # (req, start, tokens, slots)
         blocked = False
         for req in [r for r in self.running if r.is_prefilling]:
@@ -167,11 +188,9 @@ class Scheduler:
                 break
             chosen.append(self._grow(req, n))
             budget -= n
-        if self.waiting and budget > 0 and not blocked:  # admitted prefills finish first
-            budget = self._admit(chosen, budget)
-        if not chosen:
-            return None
-        return self._batch(ForwardMode.EXTEND, chosen)
+        if admit and self.waiting and budget > 0 and not blocked:  # admitted prefills finish first
+            self._admit(chosen, budget)
+        return chosen
 
     def _admit(self, chosen: list, budget: int) -> int:
         """Admit waiting requests in policy order until the budget, a row or memory runs out."""
@@ -226,23 +245,15 @@ class Scheduler:
         self.running.append(req)
         return self._grow(req, n)
 
-    def _schedule_decode(self) -> ScheduledBatch | None:
-        """One new token for every decoding request, retracting some if memory runs out."""
-        reqs = [r for r in self.running if r.is_decoding]
-        while reqs and not self._reserve(sum(r.seq.pages_needed(1) for r in reqs)):
-            victim = max(reqs, key=lambda r: r.arrival_time)  # the latest to arrive yields
-            self._retract(victim)
-            reqs.remove(victim)
-        if not reqs:
-            return None
-        return self._batch(ForwardMode.DECODE, [self._grow(r, 1) for r in reqs])
-
-    def _batch(self, mode: ForwardMode, chosen: list) -> ScheduledBatch:
+    def _batch(self, chosen: list, num_decode: int) -> ScheduledBatch:
+        """The forward for `chosen` rows (req, start, tokens, slots); the first `num_decode` are
+        decode rows."""
         reqs = [c[0] for c in chosen]
         samples = [start + len(toks) == r.seq_len for r, start, toks, _ in chosen]
         slots = [s for c in chosen for s in c[3]]
+        mode = ForwardMode.DECODE if all(len(c[2]) == 1 for c in chosen) else ForwardMode.EXTEND
         return ScheduledBatch.build(mode, reqs, [c[1] for c in chosen], [c[2] for c in chosen],
-                                    slots, samples, self.runner.device)
+                                    slots, samples, num_decode, self.runner.device)
 
     def _process(self, batch: ScheduledBatch, logits) -> list[ReqOutput]:
         sampling = [r for r, s in zip(batch.reqs, batch.samples) if s]
@@ -262,13 +273,12 @@ class Scheduler:
                 if reason is not None:
                     self._finish(req, reason)
             outputs.append(self._output(req))
-        if batch.mode is ForwardMode.EXTEND:  # share what was just computed with later requests
-            for req in batch.reqs:
-                if req.status is ReqStatus.RUNNING:
-                    match = self.cache.cache_unfinished(req.seq_ids[: req.kv_len], req.seq,
-                                                        req.last_node, req.namespace)
-                    req.last_node = match.last_node
-                    self.runner.req_table.write(req.row, 0, req.seq.slots(0, len(match.pages) * self.page_size))
+        for req in batch.reqs[batch.num_decode:]:  # share computed prompts with later requests
+            if req.status is ReqStatus.RUNNING:
+                match = self.cache.cache_unfinished(req.seq_ids[: req.kv_len], req.seq,
+                                                    req.last_node, req.namespace)
+                req.last_node = match.last_node
+                self.runner.req_table.write(req.row, 0, req.seq.slots(0, len(match.pages) * self.page_size))
         return outputs
 
     # -- memory ----------------------------------------------------------------------------------

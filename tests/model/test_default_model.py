@@ -29,7 +29,7 @@ def test_default_model_is_smollm2_with_gqa(runner):
     assert (mc.architecture, mc.num_layers, mc.hidden_size) == ("LlamaForCausalLM", 30, 576)
     assert (mc.num_heads, mc.num_kv_heads, mc.head_dim, mc.vocab_size) == (9, 3, 64, 49152)
     assert mc.tie_word_embeddings and mc.rope.theta == 100000.0
-    assert sum(p.numel() for p in runner.model.parameters()) == 134_515_008
+    assert runner.model.num_parameters() == 134_515_008
     # 30 layers x 3 KV heads x 64 dims x K and V x 4 bytes
     assert KVLayout(30, 3, 64, 1).bytes_per_token == 46_080 == runner.layout.bytes_per_token
 
