@@ -143,7 +143,6 @@ def run_hf_rounds(model_dir, dtype, rounds, new_tokens, bar) -> dict:
 def decode_overhead(engine, batch_size: int, prompt_len: int = 32, new_tokens: int = 24) -> dict:
     """Mean engine decode step vs bare forward on a prebuilt decode batch of the same size."""
     from radixkv.attention import ForwardMode
-    from radixkv.mem import SeqPages
 
     prompts = [[100 + (7 * b + i) % 900 for i in range(prompt_len)] for b in range(batch_size)]
     engine.flush_cache()
@@ -157,11 +156,11 @@ def decode_overhead(engine, batch_size: int, prompt_len: int = 32, new_tokens: i
     inner_s = (after["forward_seconds"]["decode"] - before["forward_seconds"]["decode"]) / steps
     runner = engine.runner
     length = prompt_len + new_tokens // 2  # a mid-generation sequence length
-    rows = [runner.req_table.alloc() for _ in range(batch_size)]
-    seqs = [SeqPages(runner.allocator, runner.pool.copy_page) for _ in range(batch_size)]
+    rows = [runner.memory.req_table.alloc() for _ in range(batch_size)]
+    seqs = [runner.memory.new_sequence() for _ in range(batch_size)]
     try:
         for row, seq in zip(rows, seqs):
-            runner.req_table.write(row, 0, seq.extend(length))
+            runner.memory.req_table.write(row, 0, seq.extend(length))
         fb = runner.build_batch(ForwardMode.DECODE, [[5]] * batch_size, rows, [length - 1] * batch_size,
                                 [seq.slots(length - 1, length)[0] for seq in seqs])
         runner.forward(fb)
@@ -173,7 +172,7 @@ def decode_overhead(engine, batch_size: int, prompt_len: int = 32, new_tokens: i
     finally:
         for row, seq in zip(rows, seqs):
             seq.release()
-            runner.req_table.free(row)
+            runner.memory.req_table.free(row)
     bare = statistics.median(times)
     return {"batch_size": batch_size, "engine_step_ms": 1000 * step_s, "forward_in_step_ms": 1000 * inner_s,
             "overhead_ratio": step_s / inner_s, "bare_forward_ms": 1000 * bare,

@@ -8,11 +8,17 @@
 
 Each output is `{"text", "output_ids", "meta_info": {"id", "prompt_tokens", "cached_tokens",
 "completion_tokens", "finish_reason", "ttft", "e2e_latency"}}`.
+
+Thread-safe: one background thread drives the scheduler (`SchedulerLoop`) and hands each output
+to the caller waiting for that request, so any number of threads may generate, stream, abort,
+flush or read stats at once, and streams may interleave.
 """
 
 from __future__ import annotations
 
 import logging
+import queue
+import threading
 import uuid
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -20,13 +26,13 @@ from typing import Any
 from radixkv.config import EngineConfig
 from radixkv.errors import EngineError, InvalidRequestError, RadixKVError
 from radixkv.logs import setup_logging
-from radixkv.model.runner import ModelRunner
 from radixkv.sampling_params import SamplingParams
 from radixkv.sched import Req, ReqOutput, Scheduler
-from radixkv.sched.stop import trim_stop_string
-from radixkv.tokenizer import IncrementalDetokenizer, Tokenizer
+from radixkv.sched.loop import AbortRequest, AddRequest, CallScheduler, QueueInbox, SchedulerLoop, Stop
+from radixkv.tokenizer import TextStream, trim_stop_string
 
 logger = logging.getLogger(__name__)
+POLL_SECONDS = 0.5  # how often a waiting caller checks that the scheduler thread is alive
 
 
 class Engine:
@@ -35,11 +41,16 @@ class Engine:
     def __init__(self, model: str | None = None, *, progress: bool = True, **options: Any):
         self.config = EngineConfig.from_kwargs(model=model, **options)
         setup_logging(self.config.log_level)
-        self.runner = ModelRunner(self.config, progress=progress)
-        self.tokenizer = Tokenizer.from_model_dir(self.runner.model_dir)
-        eos = self.tokenizer.eos_token_ids if self.tokenizer else frozenset()
-        self.scheduler = Scheduler(self.config, self.runner, self.tokenizer, eos)
+        self.scheduler = Scheduler.load(self.config, progress=progress)
+        self.runner = self.scheduler.runner
+        self.tokenizer = self.scheduler.tokenizer
+        self._inbox = QueueInbox()
+        self._waiters: dict[str, queue.SimpleQueue[ReqOutput]] = {}  # rid -> its caller's queue
+        self._lock = threading.Lock()
         self._closed = False
+        self._loop = SchedulerLoop(self.scheduler, self._deliver)
+        self._thread = threading.Thread(target=self._run_loop, name="radixkv-scheduler", daemon=True)
+        self._thread.start()
 
     # -- generation ------------------------------------------------------------------------------
     def generate(
@@ -55,21 +66,19 @@ class Engine:
         naming its index and field, and the engine keeps serving.
         """
         reqs, single = self._make_requests(prompt, sampling_params, input_ids, namespace)
-        for req in reqs:
-            self.scheduler.add_request(req)
-        done: dict[str, ReqOutput] = {}
+        outputs: dict[str, list[int]] = {r.rid: [] for r in reqs}
+        final: dict[str, ReqOutput] = {}
+        inbox = self._submit(reqs)
         try:
-            while len(done) < len(reqs):
-                for out in self.scheduler.step():
-                    if out.finished:
-                        done[out.rid] = out
-                if not self.scheduler.has_work and len(done) < len(reqs):
-                    raise EngineError("the scheduler went idle with requests unfinished")
+            while len(final) < len(reqs):
+                out = self._next(inbox)
+                outputs[out.rid].extend(out.new_ids)
+                if out.finished:
+                    self._raise_if_error(out, [r.rid for r in reqs], single)
+                    final[out.rid] = out
         finally:
-            for req in reqs:  # on any error, nothing stays queued, locked or allocated
-                if req.rid not in done:
-                    self.scheduler.abort(req.rid)
-        results = [self._result(req, done[req.rid]) for req in reqs]
+            self._withdraw(reqs, final)
+        results = [self._result(req, outputs[req.rid], final[req.rid]) for req in reqs]
         return results[0] if single else results
 
     def generate_stream(
@@ -80,40 +89,33 @@ class Engine:
         namespace: Any = None,
     ) -> Iterator[dict[str, Any]]:
         """Yield `{"text": delta, "output_ids": new ids, "finished": bool, "meta_info"}` chunks
-        for one request as it decodes; closing the iterator early aborts the request."""
+        for one request as it decodes; closing the iterator early aborts the request, and
+        `abort(id)` ends it with finish_reason "abort"."""
         if self.tokenizer is None:
             raise InvalidRequestError(f"{self.runner.model_dir} has no tokenizer to stream text with")
         reqs, single = self._make_requests(prompt, sampling_params, input_ids, namespace)
         if not single:
             raise InvalidRequestError("generate_stream takes a single prompt")
         req = reqs[0]
-        detok = IncrementalDetokenizer(self.tokenizer, req.params.skip_special_tokens)
-        # hold back text that could be the start of a stop string until it is decided
-        holdback = max((len(x) for x in req.params.stop), default=1) - 1
-        sent_ids, sent_text, finished = 0, "", False
+        text = TextStream(self.tokenizer, req.params.skip_special_tokens, req.params.stop)
+        return self._stream(req, text)
+
+    def _stream(self, req: Req, text: TextStream) -> Iterator[dict[str, Any]]:
+        finished: dict[str, ReqOutput] = {}
+        inbox = self._submit([req])
         try:
-            self.scheduler.add_request(req)
             while not finished:
-                for out in self.scheduler.step():
-                    if out.rid != req.rid:
-                        continue
-                    detok.step(out.output_ids)
-                    finished = out.finished
-                    if finished:  # the same text, trimmed at the stop string that ended it
-                        detok.finish(out.output_ids)
-                        text = trim_stop_string(detok.text, out.finish_reason)
-                    else:
-                        text = detok.text[: len(detok.text) - holdback] if holdback else detok.text
-                    delta = text[len(sent_text):] if len(text) > len(sent_text) else ""
-                    sent_text += delta
-                    yield {"text": delta, "output_ids": out.output_ids[sent_ids:], "finished": finished,
-                           "meta_info": self._meta(out)}
-                    sent_ids = len(out.output_ids)
-                if not finished and not self.scheduler.has_work:
-                    raise EngineError("the scheduler went idle with the request unfinished")
+                out = self._next(inbox)
+                if out.finished:
+                    self._raise_if_error(out, [req.rid], True)
+                    finished[req.rid] = out
+                    delta = text.push(out.new_ids) + text.finish(out.finish_reason)
+                else:
+                    delta = text.push(out.new_ids)
+                yield {"text": delta, "output_ids": out.new_ids, "finished": out.finished,
+                       "meta_info": self._meta(out)}
         finally:
-            if not finished:
-                self.scheduler.abort(req.rid)
+            self._withdraw([req], finished)
 
     def chat(self, messages: list[dict[str, Any]], sampling_params: dict | None = None, **kw) -> dict[str, Any]:
         """Generate the assistant's reply to `messages` through the model's chat template."""
@@ -123,43 +125,115 @@ class Engine:
                              sampling_params=sampling_params, **kw)
 
     def abort(self, rid: str) -> bool:
-        """Stop request `rid`, returning everything it holds; whether it was in flight."""
-        self._check_open()
-        return self.scheduler.abort(rid) is not None
+        """Stop request `rid`, returning everything it holds; whether it was in flight. Its
+        caller gets what it produced so far, with finish_reason "abort"."""
+
+        def abort(s: Scheduler) -> bool:
+            out = s.abort(rid)
+            if out is not None:
+                self._deliver([out])
+            return out is not None
+
+        return self._call(abort)
 
     # -- control and stats -----------------------------------------------------------------------
     def flush_cache(self) -> bool:
         """Empty the prefix cache; False (nothing done) while requests are in flight."""
-        self._check_open()
-        return self.scheduler.flush_cache()
+        return self._call(lambda s: s.flush_cache())
 
     def get_stats(self) -> dict[str, Any]:
         """Cache hit rate, token usage, free/evictable/protected tokens, queue lengths, counters."""
-        self._check_open()
-        return self.scheduler.get_stats()
+        return self._call(lambda s: s.get_stats())
 
     def check_invariants(self) -> None:
-        self._check_open()
-        self.scheduler.check_invariants()
+        self._call(lambda s: s.check_invariants())
 
     def shutdown(self) -> None:
-        """Abort whatever is in flight and release the model and the KV pool."""
-        if self._closed:
-            return
-        for rid in list(self.scheduler.reqs):
-            self.scheduler.abort(rid)
-        self._closed = True
-        del self.scheduler, self.runner
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise EngineError("this engine has been shut down")
+        """Abort whatever is in flight (its callers get `EngineError`) and release the model and
+        the KV pool."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._inbox.put(Stop())
+        self._thread.join()
+        del self.scheduler, self.runner, self._loop
 
     def __enter__(self) -> Engine:
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.shutdown()
+
+    # -- the loop and its callers ----------------------------------------------------------------
+    def _run_loop(self) -> None:
+        try:
+            self._loop.run(self._inbox)
+        except BaseException:
+            logger.exception("the scheduler loop crashed; the engine cannot serve")
+            raise
+
+    def _deliver(self, outputs: list[ReqOutput]) -> None:
+        with self._lock:
+            for out in outputs:
+                inbox = self._waiters.get(out.rid)
+                if inbox is not None:  # nobody waits for a request its caller gave up on
+                    inbox.put(out)
+
+    def _submit(self, reqs: list[Req]) -> queue.SimpleQueue[ReqOutput]:
+        """Register one queue for `reqs`' outputs (before any can arrive), then queue them."""
+        inbox: queue.SimpleQueue[ReqOutput] = queue.SimpleQueue()
+        with self._lock:
+            self._check_open()
+            for req in reqs:
+                self._waiters[req.rid] = inbox
+            for req in reqs:
+                self._inbox.put(AddRequest(req))
+        return inbox
+
+    def _next(self, inbox: queue.SimpleQueue[ReqOutput]) -> ReqOutput:
+        while True:
+            try:
+                return inbox.get(timeout=POLL_SECONDS)
+            except queue.Empty:
+                if not self._thread.is_alive():
+                    raise EngineError("the scheduler thread has stopped; see the log") from None
+
+    def _withdraw(self, reqs: list[Req], finished: dict[str, ReqOutput]) -> None:
+        """Stop waiting for `reqs`; abort those not finished (an error, a closed stream)."""
+        with self._lock:
+            for req in reqs:
+                self._waiters.pop(req.rid, None)
+            if not self._closed:
+                for req in reqs:
+                    if req.rid not in finished:
+                        self._inbox.put(AbortRequest(req.rid))
+
+    def _call(self, fn):
+        """Run `fn(scheduler)` on the scheduler's thread and return its result."""
+        command = CallScheduler(fn)
+        with self._lock:
+            self._check_open()
+            self._inbox.put(command)
+        while True:
+            try:
+                return command.future.result(timeout=POLL_SECONDS)
+            except TimeoutError:
+                if not self._thread.is_alive():
+                    raise EngineError("the scheduler thread has stopped; see the log") from None
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise EngineError("this engine has been shut down")
+
+    @staticmethod
+    def _raise_if_error(out: ReqOutput, rids: list[str], single: bool) -> None:
+        if out.error is None:
+            return
+        where = "" if single else f"request [{rids.index(out.rid)}]: "
+        if out.error_code == 400:
+            raise InvalidRequestError(where + out.error)
+        raise EngineError(where + out.error)
 
     # -- helpers ---------------------------------------------------------------------------------
     def _make_requests(self, prompt, sampling_params, input_ids, namespace) -> tuple[list[Req], bool]:
@@ -170,9 +244,14 @@ class Engine:
             if self.tokenizer is None:
                 raise InvalidRequestError(f"{self.runner.model_dir} has no tokenizer: pass input_ids")
             single = isinstance(prompt, str)
+            if not single and not (isinstance(prompt, (list, tuple)) and all(isinstance(p, str) for p in prompt)):
+                raise InvalidRequestError(f"prompt must be a string or a list of strings, got {type(prompt).__name__}")
             prompts = [prompt] if single else list(prompt)
             ids = [self.tokenizer.encode(p) for p in prompts]
         else:
+            if not isinstance(input_ids, (list, tuple)):
+                raise InvalidRequestError(f"input_ids must be a list of token ids (or of lists), "
+                                          f"got {type(input_ids).__name__}")
             single = not input_ids or not isinstance(input_ids[0], (list, tuple))
             ids = [list(input_ids)] if single else [list(x) for x in input_ids]
         if not ids:
@@ -206,7 +285,7 @@ class Engine:
                 "completion_tokens": out.completion_tokens, "finish_reason": out.finish_reason,
                 "ttft": out.ttft, "e2e_latency": out.latency}
 
-    def _result(self, req: Req, out: ReqOutput) -> dict[str, Any]:
-        text = self.tokenizer.decode(out.output_ids, req.params.skip_special_tokens) if self.tokenizer else ""
-        return {"text": trim_stop_string(text, out.finish_reason), "output_ids": out.output_ids,
+    def _result(self, req: Req, output_ids: list[int], out: ReqOutput) -> dict[str, Any]:
+        text = self.tokenizer.decode(output_ids, req.params.skip_special_tokens) if self.tokenizer else ""
+        return {"text": trim_stop_string(text, out.finish_reason), "output_ids": output_ids,
                 "meta_info": self._meta(out)}

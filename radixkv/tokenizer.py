@@ -99,3 +99,46 @@ class IncrementalDetokenizer:
         self.prefix_offset = self.read_offset = len(ids)
         self.text += delta
         return delta
+
+
+class TextStream:
+    """The text of one request's output as its tokens arrive, safe to show piece by piece.
+
+    `push(new_ids)` returns the text to emit now: never a partial UTF-8 character, and never
+    the last `len(longest stop string) - 1` characters, which could be the start of a stop
+    string; `finish(finish_reason)` returns the rest, cut before the stop string that ended
+    generation. The Engine's streams and the server's detokenizer process both use it.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True, stop: tuple[str, ...] = ()):
+        self._detok = IncrementalDetokenizer(tokenizer, skip_special_tokens)
+        self._holdback = max((len(x) for x in stop), default=1) - 1
+        self.ids: list[int] = []
+        self.text = ""  # emitted so far
+
+    def push(self, new_ids: list[int]) -> str:
+        self.ids.extend(new_ids)
+        self._detok.step(self.ids)
+        full = self._detok.text
+        return self._emit(full[: len(full) - self._holdback] if self._holdback else full)
+
+    def finish(self, finish_reason: dict[str, Any] | None) -> str:
+        self._detok.finish(self.ids)
+        return self._emit(trim_stop_string(self._detok.text, finish_reason))
+
+    def _emit(self, visible: str) -> str:
+        delta = visible[len(self.text):] if len(visible) > len(self.text) else ""
+        self.text += delta
+        return delta
+
+
+def trim_stop_string(text: str, reason: dict[str, Any] | None) -> str:
+    """Cut the output text before the stop string that ended it (SGLang's default).
+
+    The string that ended generation is the last occurrence: any earlier one did not count.
+    """
+    if reason and reason.get("type") == "stop" and isinstance(reason.get("matched"), str):
+        cut = text.rfind(reason["matched"])
+        if cut >= 0:
+            return text[:cut]
+    return text

@@ -11,6 +11,7 @@ from radixkv.mem.eviction import (
     LRUPolicy,
     make_policy,
 )
+from radixkv.mem.kv_memory import KVMemory
 from radixkv.mem.kv_pool import KVLayout, KVPool
 from radixkv.mem.no_cache import NoCache
 from radixkv.mem.radix_cache import RadixCache, TreeNode
@@ -18,7 +19,7 @@ from radixkv.mem.req_table import ReqToTokenTable
 from radixkv.mem.seq_pages import SeqPages
 
 __all__ = [
-    "PADDING_PAGE", "POLICIES", "BeladyPolicy", "EvictionPolicy", "FIFOPolicy", "KVLayout",
+    "PADDING_PAGE", "POLICIES", "BeladyPolicy", "EvictionPolicy", "FIFOPolicy", "KVLayout", "KVMemory",
     "KVPool", "LFUPolicy", "LRUPolicy", "MatchResult", "NoCache", "PageAllocator", "PrefixCache",
     "RadixCache", "ReqToTokenTable", "SeqPages", "TreeNode", "make_policy", "pages_for_tokens",
     "pages_to_slots",

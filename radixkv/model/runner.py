@@ -1,85 +1,86 @@
-"""ModelRunner: the model, its KV memory (pool, page allocator, request table) and one forward.
+"""ModelRunner: the model and one forward over the KV memory it is given.
 
-The runner sizes the KV pool from a token budget (`max_total_tokens`) or a share of free
-memory, and runs forwards for batches of extend or decode requests described by their request
-table rows and prefix lengths. It keeps no per-request state: the scheduler owns requests.
+`ModelRunner.load(config)` builds everything a runner needs from one `EngineConfig`: it loads
+the checkpoint (prepacking linear layers on CPU), sets the compute threads, sizes a `KVMemory`
+for the model (a token budget, or a share of free memory) and hands it to the runner; the
+scheduler receives the same `KVMemory`. The runner keeps no per-request state: it runs forwards
+for batches of requests described by their request-table rows and prefix lengths.
 """
 
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import torch
 
 from radixkv.attention import ForwardBatch, ForwardMode, make_backend
 from radixkv.config import EngineConfig
 from radixkv.errors import ConfigError
-from radixkv.mem import KVLayout, KVPool, PageAllocator, ReqToTokenTable
+from radixkv.mem import KVLayout
+from radixkv.mem.kv_memory import KVMemory
 from radixkv.model.cpu_runtime import choose_num_threads, packing_supported, tune_malloc, usable_cores
+from radixkv.model.llama import LlamaForCausalLM
 from radixkv.model.loader import load_model, resolve_model_dir
 
 logger = logging.getLogger(__name__)
 
 
-def available_memory(device: torch.device) -> int:
-    """Free bytes on `device` (GPU memory for CUDA, host memory otherwise)."""
-    if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        return int(free)
-    import psutil
-
-    return int(psutil.virtual_memory().available)
-
-
 class ModelRunner:
-    def __init__(self, config: EngineConfig, progress: bool = True):
+    def __init__(self, config: EngineConfig, model: LlamaForCausalLM, memory: KVMemory, model_dir: Path,
+                 context_length: int):
         self.config = config
-        self.device = config.torch_device
+        self.model = model
+        self.model_config = model.config
+        self.memory = memory
+        self.model_dir = model_dir
+        self.context_length = context_length
+        self.device = memory.device
         self.dtype = config.torch_dtype
-        self.num_threads = choose_num_threads(config.num_threads)
-        if self.device.type == "cpu":
+        self.num_threads = None  # torch compute threads, when `load` chose them
+        self.backend = make_backend(config.attention_backend_name, memory.pool, memory.req_table.table)
+
+    @classmethod
+    def load(cls, config: EngineConfig, progress: bool = True) -> ModelRunner:
+        """Load the model named by `config` and give it a KV memory sized by `config`."""
+        num_threads = choose_num_threads(config.num_threads)
+        device, dtype = config.torch_device, config.torch_dtype
+        if device.type == "cpu":
             tune_malloc()
-        self.model_dir = resolve_model_dir(config.model, config.cache_dir)
-        self.model = load_model(self.model_dir, self.device, self.dtype, progress=progress)
-        packed = self.model.prepack_for_cpu() if packing_supported(self.device, self.dtype) else 0
-        self.model_config = mc = self.model.config
-        self.context_length = config.context_length or mc.max_position_embeddings
-        if self.context_length > mc.max_position_embeddings:
-            raise ConfigError(
-                f"context_length={self.context_length} exceeds the model's "
-                f"max_position_embeddings={mc.max_position_embeddings}"
-            )
-        self.layout = KVLayout(mc.num_layers, mc.num_kv_heads, mc.head_dim, config.page_size, self.dtype)
-        num_pages = self._num_pages()
-        self.pool = KVPool(self.layout, num_pages, self.device)
-        self.allocator = PageAllocator(num_pages, config.page_size)
-        self.req_table = ReqToTokenTable(config.max_running_requests, self.context_length, self.device)
-        self.backend = make_backend(config.attention_backend_name, self.pool, self.req_table.table)
+        model_dir = resolve_model_dir(config.model, config.cache_dir)
+        model = load_model(model_dir, device, dtype, progress=progress)
+        packed = model.prepack_for_cpu() if packing_supported(device, dtype) else 0
+        mc = model.config
+        context_length = config.context_length or mc.max_position_embeddings
+        if context_length > mc.max_position_embeddings:
+            raise ConfigError(f"context_length={context_length} exceeds the model's "
+                              f"max_position_embeddings={mc.max_position_embeddings}")
+        layout = KVLayout(mc.num_layers, mc.num_kv_heads, mc.head_dim, config.page_size, dtype)
+        memory = KVMemory.sized(layout, max_reqs=config.max_running_requests, context_length=context_length,
+                                device=device, max_total_tokens=config.max_total_tokens,
+                                mem_fraction=config.kv_mem_fraction)
+        runner = cls(config, model, memory, model_dir, context_length)
+        runner.num_threads = num_threads
         logger.info(
             "model %s: %d layers, %d/%d heads, %s on %s; KV pool %d tokens (%d pages of %d), "
             "%.1f MiB, %d bytes/token; attention backend %s",
-            mc.architecture, mc.num_layers, mc.num_heads, mc.num_kv_heads, str(self.dtype).replace("torch.", ""),
-            self.device, self.allocator.total_tokens, num_pages, config.page_size,
-            self.pool.nbytes / 2**20, self.layout.bytes_per_token, self.backend.name,
+            mc.architecture, mc.num_layers, mc.num_heads, mc.num_kv_heads, str(dtype).replace("torch.", ""),
+            device, memory.total_tokens, memory.allocator.num_pages, config.page_size,
+            memory.pool.nbytes / 2**20, layout.bytes_per_token, runner.backend.name,
         )
-        logger.info("%d torch threads (%s; %d usable cores); %s", self.num_threads,
-                    "--num-threads" if config.num_threads is not None else "from CPU affinity",
+        logger.info("%d torch threads (%s; %d usable cores); %s", num_threads,
+                    "num_threads option" if config.num_threads is not None else "from CPU affinity",
                     usable_cores(), f"{packed} linear layers prepacked for oneDNN" if packed
                     else "linear layers not prepacked (needs CPU + float32)")
+        return runner
 
-    def _num_pages(self) -> int:
-        cfg = self.config
-        if cfg.max_total_tokens is not None:
-            return self.layout.num_pages_for(max_tokens=cfg.max_total_tokens)
-        budget = int(cfg.kv_mem_fraction * available_memory(self.device))
-        pages = self.layout.num_pages_for(max_bytes=budget)
-        # no use for more than every running request at full context
-        cap = -(-cfg.max_running_requests * self.context_length // cfg.page_size)
-        return min(pages, cap)
+    @property
+    def layout(self) -> KVLayout:
+        return self.memory.layout
 
     @property
     def max_total_tokens(self) -> int:
-        return self.allocator.total_tokens
+        return self.memory.total_tokens
 
     def forward(self, fb: ForwardBatch) -> torch.Tensor:
         """Logits (N, V) float32 of the rows `fb.logits_index`; stores the new tokens' KV."""

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 import torch
 
 from radixkv.attention import ForwardMode
-from radixkv.mem import SeqPages
 from radixkv.model.runner import ModelRunner
 
 
@@ -31,13 +30,13 @@ def generate_static(
     keep_step_logits: bool = False,
 ) -> StaticBatchResult:
     """Greedy-decode `max_new_tokens` for each prompt; frees everything it allocated."""
-    rows = [runner.req_table.alloc() for _ in prompts]
-    seqs = [SeqPages(runner.allocator, runner.pool.copy_page) for _ in prompts]
+    rows = [runner.memory.req_table.alloc() for _ in prompts]
+    seqs = [runner.memory.new_sequence() for _ in prompts]
     try:
         slots = []
         for row, seq, prompt in zip(rows, seqs, prompts):
             s = seq.extend(len(prompt))
-            runner.req_table.write(row, 0, s)
+            runner.memory.req_table.write(row, 0, s)
             slots.extend(s)
         fb = runner.build_batch(ForwardMode.EXTEND, prompts, rows, [0] * len(prompts), slots,
                                 logits="all" if return_prefill_logits else "last")
@@ -52,7 +51,7 @@ def generate_static(
             slots = []
             for row, seq in zip(rows, seqs):
                 s = seq.extend(1)
-                runner.req_table.write(row, seq.num_tokens - 1, s)
+                runner.memory.req_table.write(row, seq.num_tokens - 1, s)
                 slots.extend(s)
             fb = runner.build_batch(ForwardMode.DECODE, [[o[-1]] for o in outputs], rows,
                                     [s.num_tokens - 1 for s in seqs], slots)
@@ -65,4 +64,4 @@ def generate_static(
     finally:
         for row, seq in zip(rows, seqs):
             seq.release()
-            runner.req_table.free(row)
+            runner.memory.req_table.free(row)

@@ -8,10 +8,12 @@ from typing import Any
 
 @dataclass(frozen=True, slots=True)
 class ReqOutput:
-    """A request's state after a step: all its output tokens so far, and why it finished."""
+    """A request's state after a step: the tokens it produced since its previous output, and
+    why it finished. `error` is set (with an HTTP-style `error_code`: 400 the request is bad,
+    500 the runtime failed) when it ended without a result."""
 
     rid: str
-    output_ids: list[int]
+    new_ids: list[int]
     finished: bool
     finish_reason: dict[str, Any] | None
     prompt_tokens: int
@@ -19,6 +21,8 @@ class ReqOutput:
     completion_tokens: int
     ttft: float | None = None  # seconds from arrival to first token
     latency: float | None = None  # seconds from arrival to finish
+    error: str | None = None
+    error_code: int = 0
 
 
 @dataclass

@@ -48,6 +48,7 @@ class Req:
     admitted_once: bool = False
     passed_over: int = 0  # scheduling rounds this request was skipped (lpm starvation bound)
     retractions: int = 0
+    sent_tokens: int = 0  # output tokens already reported in a ReqOutput
     generator: torch.Generator | None = None  # own sampling generator when params.seed is set
     arrival_time: float = field(default_factory=time.perf_counter)
     first_token_time: float | None = None

@@ -24,7 +24,7 @@ from typing import Any
 from radixkv.attention import ForwardMode
 from radixkv.config import EngineConfig
 from radixkv.errors import CacheInvariantError, InvalidRequestError
-from radixkv.mem import NoCache, PrefixCache, RadixCache, SeqPages, pages_for_tokens
+from radixkv.mem import KVMemory, NoCache, PrefixCache, RadixCache, pages_for_tokens
 from radixkv.model.runner import ModelRunner
 from radixkv.model.sampler import Sampler, SamplingRow
 from radixkv.sched.batch import ScheduledBatch
@@ -39,17 +39,21 @@ logger = logging.getLogger(__name__)
 class Scheduler:
     """Continuous batching over the radix cache for one `ModelRunner` (see the module docstring).
 
-    Not thread-safe: one caller drives `add_request`, `step` and `abort`.
+    Not thread-safe: one caller drives `add_request`, `step` and `abort` (in the Engine and the
+    server, that is `SchedulerLoop`). `memory` is the KV memory the runner computes into.
     """
 
-    def __init__(self, config: EngineConfig, runner: ModelRunner, decoder: Decoder | None = None,
-                 eos_ids: frozenset[int] = frozenset()):
+    def __init__(self, config: EngineConfig, runner: ModelRunner, memory: KVMemory,
+                 decoder: Decoder | None = None, eos_ids: frozenset[int] = frozenset()):
         self.config = config
         self.runner = runner
+        self.memory = memory
         self.decoder = decoder
+        self.tokenizer = None  # set by `load`
         self.eos_ids = frozenset(eos_ids) | frozenset(runner.model_config.eos_token_ids)
         self.page_size = config.page_size
-        self.allocator = runner.allocator
+        self.allocator = memory.allocator
+        self.req_table = memory.req_table
         cache_cls = NoCache if config.disable_radix_cache else RadixCache
         self.cache: PrefixCache = cache_cls(self.allocator, config.eviction_policy,
                                             attention_scale=runner.model_config.attention_scale)
@@ -60,9 +64,24 @@ class Scheduler:
         self.reqs: dict[str, Req] = {}
         self.stats = SchedulerStats()
 
+    @classmethod
+    def load(cls, config: EngineConfig, progress: bool = True) -> Scheduler:
+        """The model runner, its KV memory and tokenizer (for stop strings), and a scheduler over
+        them, all from one `EngineConfig`; `scheduler.tokenizer` is None for a bare checkpoint."""
+        from radixkv.tokenizer import Tokenizer
+
+        runner = ModelRunner.load(config, progress=progress)
+        tokenizer = Tokenizer.from_model_dir(runner.model_dir)
+        eos = tokenizer.eos_token_ids if tokenizer else frozenset()
+        scheduler = cls(config, runner, runner.memory, tokenizer, eos)
+        scheduler.tokenizer = tokenizer
+        return scheduler
+
     # -- requests in and out ---------------------------------------------------------------------
     def add_request(self, req: Req) -> None:
         """Validate and queue; raises `InvalidRequestError` and changes nothing if `req` is bad."""
+        if req.rid in self.reqs:
+            raise InvalidRequestError(f"request id {req.rid!r} is already in use")
         self.validate(req)
         if req.params.seed is not None:
             req.generator = Sampler.request_generator(req.params.seed, self.runner.device)
@@ -70,9 +89,10 @@ class Scheduler:
         self.waiting.append(req)
 
     def validate(self, req: Req) -> None:
+        """Whether `req` could ever run here (raises `InvalidRequestError` naming the field).
+
+        Reads only what never changes (model, context, pool size): safe from any thread."""
         ids, vocab = req.prompt_ids, self.runner.model_config.vocab_size
-        if req.rid in self.reqs:
-            raise InvalidRequestError(f"request id {req.rid!r} is already in use")
         if not ids:
             raise InvalidRequestError("the prompt is empty (no tokens)")
         for i, t in enumerate(ids):
@@ -94,15 +114,18 @@ class Scheduler:
         if req.params.stop and self.decoder is None:
             raise InvalidRequestError("stop strings need a tokenizer; this scheduler has none")
 
-    def abort(self, rid: str) -> ReqOutput | None:
-        """Stop `rid` wherever it is; everything it held is returned. None if unknown/finished."""
+    def abort(self, rid: str, message: str = "aborted by request", error_code: int = 0) -> ReqOutput | None:
+        """Stop `rid` wherever it is; everything it held is returned. None if unknown/finished.
+
+        A plain abort ends the request normally (finish_reason "abort"); with an `error_code`
+        its output carries `message` as an error."""
         req = self.reqs.get(rid)
         if req is None or req.status is ReqStatus.FINISHED:
             return None
         if req.status is ReqStatus.WAITING:
             self.waiting.remove(req)
-        self._finish(req, {"type": "abort", "message": "aborted by request"})
-        return self._output(req)
+        self._finish(req, {"type": "abort", "message": message})
+        return self._output(req, error=message if error_code else None, error_code=error_code)
 
     @property
     def has_work(self) -> bool:
@@ -114,7 +137,8 @@ class Scheduler:
         prefill chunks of admitted requests.
 
         If the forward raises, the batch's new KV slots are rolled back (so nothing that was
-        never computed can reach the cache) and the error propagates.
+        never computed can reach the cache) and its requests end with an error output; the
+        other requests keep running.
         """
         start = time.perf_counter()
         batch = self._schedule()
@@ -123,6 +147,10 @@ class Scheduler:
         forward_start = time.perf_counter()
         try:
             logits = self.runner.forward(batch.forward)  # (N, V), one row per sampling request
+        except Exception as e:
+            logger.exception("model forward failed; ending the %d request(s) of its batch", len(batch.reqs))
+            self._rollback(batch)
+            return self._fail(batch.reqs, f"the model forward failed: {type(e).__name__}: {e}")
         except BaseException:
             self._rollback(batch)
             raise
@@ -156,6 +184,14 @@ class Scheduler:
         logger.error("request %s cannot be admitted into an idle pool; aborting it", req.rid)
         self._finish(req, {"type": "abort", "message": "cannot fit in the KV pool even when idle"})
         return [self._output(req)]
+
+    def _fail(self, reqs: list[Req], message: str) -> list[ReqOutput]:
+        outputs = []
+        for req in reqs:
+            if req.status is not ReqStatus.FINISHED:
+                self._finish(req, {"type": "abort", "message": message})
+                outputs.append(self._output(req, error=message, error_code=500))
+        return outputs
 
     def _rollback(self, batch: ScheduledBatch) -> None:
         for req, tokens in zip(batch.reqs, batch.new_tokens):
@@ -233,11 +269,10 @@ class Scheduler:
             return None
         match = self.cache.match_prefix(key, req.namespace)  # now a real use: counts as a hit
         assert match.last_node is peek.last_node and match.pages == peek.pages
-        req.seq = SeqPages.from_prefix(self.allocator, match.pages, match.num_tokens,
-                                       self.runner.pool.copy_page)
+        req.seq = self.memory.sequence_from_prefix(match.pages, match.num_tokens)
         req.status, req.last_node, req.kv_len = ReqStatus.RUNNING, match.last_node, match.num_tokens
-        req.row = self.runner.req_table.alloc()
-        self.runner.req_table.write(req.row, 0, req.seq.slots())
+        req.row = self.req_table.alloc()
+        self.req_table.write(req.row, 0, req.seq.slots())
         if not req.admitted_once:
             req.admitted_once = True
             req.cached_tokens = min(match.num_tokens, len(req.prompt_ids))
@@ -278,7 +313,7 @@ class Scheduler:
                 match = self.cache.cache_unfinished(req.seq_ids[: req.kv_len], req.seq,
                                                     req.last_node, req.namespace)
                 req.last_node = match.last_node
-                self.runner.req_table.write(req.row, 0, req.seq.slots(0, len(match.pages) * self.page_size))
+                self.req_table.write(req.row, 0, req.seq.slots(0, len(match.pages) * self.page_size))
         return outputs
 
     # -- memory ----------------------------------------------------------------------------------
@@ -294,7 +329,7 @@ class Scheduler:
         Returns (req, first position, the n tokens, their slots)."""
         start = req.kv_len
         slots = req.seq.extend(n)
-        self.runner.req_table.write(req.row, start, slots)
+        self.req_table.write(req.row, start, slots)
         req.kv_len += n
         return req, start, req.tokens(start, start + n), slots
 
@@ -318,7 +353,7 @@ class Scheduler:
     def _release(self, req: Req) -> None:
         """Cache what `req` computed, unlock its path, return its pages and row."""
         self.cache.cache_finished(req.seq_ids[: req.kv_len], req.seq, req.last_node, req.namespace)
-        self.runner.req_table.free(req.row)
+        self.req_table.free(req.row)
         req.seq, req.row, req.last_node, req.kv_len = None, None, None, 0
         self.running.remove(req)
 
@@ -338,13 +373,17 @@ class Scheduler:
         self.stats.finished_requests += 1
         del self.reqs[req.rid]
 
-    def _output(self, req: Req) -> ReqOutput:
+    def _output(self, req: Req, error: str | None = None, error_code: int = 0) -> ReqOutput:
+        """What `req` produced since its last output (new tokens only) and where it stands."""
+        new_ids = req.output_ids[req.sent_tokens:]
+        req.sent_tokens = len(req.output_ids)
         return ReqOutput(
-            rid=req.rid, output_ids=list(req.output_ids), finished=req.status is ReqStatus.FINISHED,
+            rid=req.rid, new_ids=new_ids, finished=req.status is ReqStatus.FINISHED,
             finish_reason=req.finish_reason, prompt_tokens=len(req.prompt_ids),
             cached_tokens=req.cached_tokens, completion_tokens=len(req.output_ids),
             ttft=None if req.first_token_time is None else req.first_token_time - req.arrival_time,
             latency=None if req.finish_time is None else req.finish_time - req.arrival_time,
+            error=error, error_code=error_code,
         )
 
     # -- cache control and checks ----------------------------------------------------------------

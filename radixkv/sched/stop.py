@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from radixkv.sched.request import Req
+from radixkv.tokenizer import trim_stop_string  # noqa: F401  (re-exported: the rule lives with the text)
 
 
 class Decoder(Protocol):
@@ -60,15 +61,3 @@ def _new_stop_string(out: list[int], stops: tuple[str, ...], decoder: Decoder) -
         if s in text[max(0, len(before) - len(s) + 1):]:
             return s
     return None
-
-
-def trim_stop_string(text: str, reason: dict[str, Any] | None) -> str:
-    """Cut the output text before the stop string that ended it (SGLang's default).
-
-    The string that ended generation is the last occurrence: any earlier one did not count.
-    """
-    if reason and reason.get("type") == "stop" and isinstance(reason.get("matched"), str):
-        cut = text.rfind(reason["matched"])
-        if cut >= 0:
-            return text[:cut]
-    return text

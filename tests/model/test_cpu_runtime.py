@@ -76,8 +76,8 @@ def test_packed_model_logits_equal_the_unpacked_model(tiny_model_dir, name):
     dense = load_model(path)
     seq = list(range(3, 40))
     slots = list(range(1, len(seq) + 1))
-    row = runner.req_table.alloc()
-    runner.req_table.write(row, 0, slots)
+    row = runner.memory.req_table.alloc()
+    runner.memory.req_table.write(row, 0, slots)
     from radixkv.attention import ForwardMode
 
     fb = runner.build_batch(ForwardMode.EXTEND, [seq], [row], [0], slots, logits="all")

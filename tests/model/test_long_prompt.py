@@ -11,7 +11,6 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from radixkv.attention import ForwardMode
 from radixkv.config import EngineConfig
 from radixkv.engine import Engine
-from radixkv.mem import SeqPages
 from radixkv.model.runner import ModelRunner
 
 pytestmark = pytest.mark.skipif(
@@ -75,23 +74,23 @@ def test_long_prefill_mixed_with_a_decoding_request_matches_transformers(engine,
 
 def test_fused_attention_logits_equal_the_reference_cold_and_warm(engine, prompt):
     """The torch backend's flash path against the masked reference, on the same inputs."""
-    ref = ModelRunner(EngineConfig(max_total_tokens=4096, attention_backend="reference",
+    ref = ModelRunner.load(EngineConfig(max_total_tokens=4096, attention_backend="reference",
                                    log_level="warning"), progress=False)
     fused = engine.runner
     engine.flush_cache()
 
     def logits(runner, chunks):
-        seq, row = SeqPages(runner.allocator, runner.pool.copy_page), runner.req_table.alloc()
+        seq, row = runner.memory.new_sequence(), runner.memory.req_table.alloc()
         out = []
         try:
             for chunk in chunks:
                 start, slots = seq.num_tokens, seq.extend(len(chunk))
-                runner.req_table.write(row, start, slots)
+                runner.memory.req_table.write(row, start, slots)
                 out.append(runner.forward(runner.build_batch(ForwardMode.EXTEND, [chunk], [row], [start],
                                                              slots, logits="all")))
         finally:
             seq.release()
-            runner.req_table.free(row)
+            runner.memory.req_table.free(row)
         return out
 
     chunks = [prompt[:CACHED], prompt[CACHED:]]  # cold prefill of the prefix, then a warm extend

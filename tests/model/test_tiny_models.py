@@ -5,7 +5,6 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from radixkv.attention import ForwardMode
-from radixkv.mem import SeqPages
 from radixkv.model.static_batch import generate_static
 from tests.model.conftest import TINY, hf_greedy, make_runner
 
@@ -25,14 +24,14 @@ def test_greedy_tokens_and_logits_match_transformers(tiny_model_dir, name):
         ref = hf(torch.tensor([PROMPTS[0]])).logits[0]  # (L, V)
     got = res.prefill_logits[: len(PROMPTS[0])]
     assert torch.allclose(got, ref, atol=LOGIT_ATOL, rtol=0), (got - ref).abs().max()
-    assert runner.allocator.free_pages == runner.allocator.num_pages
+    assert runner.memory.allocator.free_pages == runner.memory.allocator.num_pages
 
 
 def fragment(runner):
     """Leave the allocator's free list shuffled so sequences get scattered pages."""
-    pages = runner.allocator.alloc(runner.allocator.free_pages)
+    pages = runner.memory.allocator.alloc(runner.memory.allocator.free_pages)
     perm = torch.randperm(len(pages), generator=torch.Generator().manual_seed(0)).tolist()
-    runner.allocator.decref([pages[i] for i in perm])
+    runner.memory.allocator.decref([pages[i] for i in perm])
 
 
 @pytest.mark.parametrize("page_size", [1, 16])
@@ -40,16 +39,16 @@ def test_prefill_at_once_equals_prefix_then_extend_equals_token_by_token(tiny_mo
     runner = make_runner(tiny_model_dir("qwen2"), page_size=page_size)
     fragment(runner)
     prompt = list(range(3, 40))  # 37 tokens: the split point below falls mid-page
-    row = runner.req_table.alloc()
+    row = runner.memory.req_table.alloc()
 
     def run(chunks):
         """Feed `prompt` in chunks (one forward each); return logits of every position."""
-        seq = SeqPages(runner.allocator, runner.pool.copy_page)
+        seq = runner.memory.new_sequence()
         rows = []
         for chunk in chunks:
             start = seq.num_tokens
             slots = seq.extend(len(chunk))
-            runner.req_table.write(row, start, slots)
+            runner.memory.req_table.write(row, start, slots)
             mode = ForwardMode.DECODE if len(chunk) == 1 and start else ForwardMode.EXTEND
             fb = runner.build_batch(mode, [chunk], [row], [start], slots, logits="all")
             rows.append(runner.forward(fb))
@@ -67,15 +66,15 @@ def test_extend_reads_a_prefix_computed_by_another_request(tiny_model_dir):
     """Two requests share prefix pages (as the radix cache arranges): same logits as alone."""
     runner = make_runner(tiny_model_dir("llama"), page_size=4)
     prompt = list(range(5, 30))
-    shared = SeqPages(runner.allocator, runner.pool.copy_page)
-    r0, r1 = runner.req_table.alloc(), runner.req_table.alloc()
+    shared = runner.memory.new_sequence()
+    r0, r1 = runner.memory.req_table.alloc(), runner.memory.req_table.alloc()
     slots = shared.extend(16)
-    runner.req_table.write(r0, 0, slots)
+    runner.memory.req_table.write(r0, 0, slots)
     runner.forward(runner.build_batch(ForwardMode.EXTEND, [prompt[:16]], [r0], [0], slots))
-    child = SeqPages.from_prefix(runner.allocator, shared.pages, 16, runner.pool.copy_page)
-    runner.req_table.write(r1, 0, child.slots())
+    child = runner.memory.sequence_from_prefix(shared.pages, 16)
+    runner.memory.req_table.write(r1, 0, child.slots())
     tail = child.extend(len(prompt) - 16)
-    runner.req_table.write(r1, 16, tail)
+    runner.memory.req_table.write(r1, 16, tail)
     fb = runner.build_batch(ForwardMode.EXTEND, [prompt[16:]], [r1], [16], tail, logits="all")
     reused = runner.forward(fb)
     fresh = generate_static(runner, [prompt], 1, return_prefill_logits=True).prefill_logits

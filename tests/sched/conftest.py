@@ -31,6 +31,21 @@ def tiny_engine(tiny_model_dir):
         engine.shutdown()
 
 
+@pytest.fixture
+def tiny_scheduler(tiny_model_dir):
+    """tiny_scheduler(**options) -> a bare Scheduler on the tiny Llama, stepped by the test itself
+    (an Engine's own thread would race a test that steps its scheduler)."""
+    from radixkv.config import EngineConfig
+    from radixkv.sched import Scheduler
+
+    def make(**options):
+        opts = dict(max_total_tokens=1024, max_running_requests=8, log_level="warning")
+        return Scheduler.load(EngineConfig(model=str(tiny_model_dir("llama")), **{**opts, **options}),
+                              progress=False)
+
+    return make
+
+
 @pytest.fixture(scope="session")
 def default_engine():
     """The Engine on the embedded SmolLM2-135M-Instruct (skipped if it is not installed)."""
@@ -44,7 +59,8 @@ def default_engine():
 
 
 def assert_idle_and_clean(engine):
-    """Nothing running, nothing locked, every page free or evictable, invariants hold."""
+    """Nothing running, nothing locked, every page free or evictable, invariants hold (an
+    Engine or a bare Scheduler)."""
     s = engine.get_stats()
     assert s["running_requests"] == s["waiting_requests"] == 0
     assert s["protected_tokens"] == 0

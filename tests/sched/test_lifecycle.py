@@ -8,9 +8,8 @@ from radixkv.sched import Req
 from tests.sched.conftest import SYSTEM, assert_idle_and_clean, greedy, workload
 
 
-def test_abort_of_waiting_and_running_requests_frees_everything(tiny_engine):
-    engine = tiny_engine(max_running_requests=2)
-    sched = engine.scheduler
+def test_abort_of_waiting_and_running_requests_frees_everything(tiny_scheduler):
+    sched = tiny_scheduler(max_running_requests=2)
     reqs = [Req(f"r{i}", p, SamplingParams(max_new_tokens=30, temperature=0)) for i, p in enumerate(workload())]
     for r in reqs:
         sched.add_request(r)
@@ -27,7 +26,7 @@ def test_abort_of_waiting_and_running_requests_frees_everything(tiny_engine):
     while sched.has_work:
         sched.step()
         sched.check_invariants()
-    assert_idle_and_clean(engine)
+    assert_idle_and_clean(sched)
 
 
 def test_closing_a_stream_early_aborts_its_request(tiny_model_dir, default_engine):

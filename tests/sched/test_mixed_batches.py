@@ -5,9 +5,8 @@ from radixkv.sched import Req
 from tests.sched.conftest import assert_idle_and_clean, greedy
 
 
-def test_decoding_request_gains_a_token_every_step_of_a_long_chunked_prefill(tiny_engine):
-    engine = tiny_engine(chunked_prefill_size=8, max_prefill_tokens=8)
-    sched = engine.scheduler
+def test_decoding_request_gains_a_token_every_step_of_a_long_chunked_prefill(tiny_scheduler):
+    sched = tiny_scheduler(chunked_prefill_size=8, max_prefill_tokens=8)
     short = Req("short", [5, 6, 7], SamplingParams(max_new_tokens=30, temperature=0))
     sched.add_request(short)
     while not short.output_ids:
@@ -25,7 +24,7 @@ def test_decoding_request_gains_a_token_every_step_of_a_long_chunked_prefill(tin
     assert stats["mixed_steps"] >= steps - 1 and stats["prefill_tokens"] >= 63
     while sched.has_work:
         sched.step()
-    assert_idle_and_clean(engine)
+    assert_idle_and_clean(sched)
 
 
 def test_prompt_slightly_over_the_chunk_size_finishes_its_tail_in_the_next_mixed_step(tiny_engine):

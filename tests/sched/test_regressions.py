@@ -30,7 +30,7 @@ def test_a_failed_forward_never_puts_uncomputed_kv_in_the_cache(tiny_engine):
         raise RuntimeError("simulated device failure")
 
     engine.runner.forward = failing_forward
-    with pytest.raises(RuntimeError, match="simulated"):
+    with pytest.raises(EngineError, match="simulated"):  # the batch's requests end; the engine serves on
         engine.generate(input_ids=prompt, sampling_params=greedy(6))
     engine.runner.forward = real_forward
     assert engine.get_stats()["cached_tokens_in_tree"] == 0
@@ -77,11 +77,11 @@ def test_a_refused_stream_leaves_nothing_queued(tiny_engine):
     assert engine.flush_cache()
 
 
-def test_a_request_that_cannot_be_admitted_yet_does_not_evict_the_cache(tiny_engine):
-    engine = tiny_engine(max_total_tokens=64, retract_decode_steps=1)
-    sched = engine.scheduler
-    cached = list(range(100, 120))
-    engine.generate(input_ids=cached, sampling_params=greedy(1))
+def test_a_request_that_cannot_be_admitted_yet_does_not_evict_the_cache(tiny_scheduler):
+    sched = tiny_scheduler(max_total_tokens=64, retract_decode_steps=1)
+    sched.add_request(Req("cached", list(range(100, 120)), SamplingParams(max_new_tokens=1, temperature=0)))
+    while sched.has_work:
+        sched.step()
     running = Req("running", list(range(200, 230)), SamplingParams(max_new_tokens=4, temperature=0))
     sched.add_request(running)
     sched.step()  # prefilled: holds 30 + pages
@@ -93,7 +93,7 @@ def test_a_request_that_cannot_be_admitted_yet_does_not_evict_the_cache(tiny_eng
     assert sched.cache.stats_evicted_tokens == evicted_before
     while sched.has_work:
         sched.step()
-    assert_idle_and_clean(engine)
+    assert_idle_and_clean(sched)
 
 
 def test_a_request_counts_no_hit_on_what_it_inserted_itself(tiny_engine):

@@ -1,0 +1,70 @@
+"""KVMemory: the one owner of a model's KV memory (pool, page allocator, request table).
+
+The model runner reads and writes K/V through it (the pool's pages, addressed through the
+request table); the scheduler manages it (allocates pages, assembles sequences, writes request
+table rows). Both receive the same `KVMemory`; nobody reaches through one to get at the other.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from radixkv.errors import ConfigError
+from radixkv.mem.allocator import PageAllocator
+from radixkv.mem.kv_pool import KVLayout, KVPool
+from radixkv.mem.req_table import ReqToTokenTable
+from radixkv.mem.seq_pages import SeqPages
+
+
+def available_memory(device: torch.device) -> int:
+    """Free bytes on `device` (GPU memory for CUDA, host memory otherwise)."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free)
+    import psutil
+
+    return int(psutil.virtual_memory().available)
+
+
+class KVMemory:
+    """Per-layer KV pages (`pool`), their reference counts (`allocator`), and the request table
+    mapping each running request's positions to KV slots (`req_table`)."""
+
+    def __init__(self, layout: KVLayout, num_pages: int, max_reqs: int, max_context_len: int,
+                 device: torch.device | str = "cpu"):
+        self.layout = layout
+        self.device = torch.device(device)
+        self.pool = KVPool(layout, num_pages, self.device)
+        self.allocator = PageAllocator(num_pages, layout.page_size)
+        self.req_table = ReqToTokenTable(max_reqs, max_context_len, self.device)
+
+    @classmethod
+    def sized(cls, layout: KVLayout, *, max_reqs: int, context_length: int, device: torch.device,
+              max_total_tokens: int | None = None, mem_fraction: float = 0.3) -> KVMemory:
+        """Pages for `max_total_tokens`, or for `mem_fraction` of the device's free memory, but
+        never more than every request at full context could use."""
+        if max_total_tokens is not None:
+            num_pages = layout.num_pages_for(max_tokens=max_total_tokens)
+        else:
+            budget = int(mem_fraction * available_memory(device))
+            num_pages = layout.num_pages_for(max_bytes=budget)
+            num_pages = min(num_pages, -(-max_reqs * context_length // layout.page_size))
+        if num_pages < 1:
+            raise ConfigError(f"the KV pool would hold no page (max_total_tokens={max_total_tokens})")
+        return cls(layout, num_pages, max_reqs, context_length, device)
+
+    @property
+    def page_size(self) -> int:
+        return self.layout.page_size
+
+    @property
+    def total_tokens(self) -> int:
+        return self.allocator.total_tokens
+
+    def new_sequence(self) -> SeqPages:
+        """An empty sequence that allocates from this memory (copy-on-write through the pool)."""
+        return SeqPages(self.allocator, self.pool.copy_page)
+
+    def sequence_from_prefix(self, pages: list[int], num_tokens: int) -> SeqPages:
+        """A sequence reading `pages` (a cached prefix of `num_tokens`), one more reference each."""
+        return SeqPages.from_prefix(self.allocator, pages, num_tokens, self.pool.copy_page)

@@ -1,0 +1,136 @@
+"""SchedulerLoop: the one loop that drives a Scheduler.
+
+Whoever uses the runtime -- the in-process `Engine`, or the server's scheduler process -- talks
+to the scheduler through one loop on one thread:
+
+    while running:
+        apply every command in the inbox (block while idle): add a request, abort one,
+            or call a function on the scheduler (flush the cache, read stats)
+        if there is work: step once and hand every output to `deliver`
+
+The inbox is a thread-safe queue in the Engine and a ZMQ socket in the scheduler process; the
+delivery routes each output to the caller waiting for that request (a per-request queue, or
+the detokenizer's socket). A request the scheduler refuses comes back as an error output, not
+an exception, since its caller may be another thread or process.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from radixkv.errors import RadixKVError
+from radixkv.sched.output import ReqOutput
+from radixkv.sched.request import Req
+from radixkv.sched.scheduler import Scheduler
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class AddRequest:
+    req: Req
+
+
+@dataclass(frozen=True, slots=True)
+class AbortRequest:
+    rid: str
+
+
+@dataclass(frozen=True, slots=True)
+class CallScheduler:
+    """Run `fn(scheduler)` on the loop's thread; its result (or exception) lands in `future`."""
+
+    fn: Callable[[Scheduler], Any]
+    future: Future = field(default_factory=Future)
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    """End the loop (after aborting whatever is in flight)."""
+
+
+Command = AddRequest | AbortRequest | CallScheduler | Stop
+
+
+class Inbox(Protocol):
+    def receive(self, block: bool) -> list[Command]:
+        """Commands that arrived; with `block`, wait until there is at least one."""
+
+
+class QueueInbox:
+    """A thread-safe inbox for callers in the same process."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[Command] = queue.SimpleQueue()
+
+    def put(self, command: Command) -> None:
+        self._queue.put(command)
+
+    def receive(self, block: bool) -> list[Command]:
+        commands = []
+        try:
+            if block:
+                commands.append(self._queue.get())
+            while True:
+                commands.append(self._queue.get_nowait())
+        except queue.Empty:
+            pass
+        return commands
+
+
+def error_output(rid: str, message: str, code: int) -> ReqOutput:
+    """The output of a request that ends before it ran."""
+    return ReqOutput(rid=rid, new_ids=[], finished=True,
+                     finish_reason={"type": "abort", "message": message},
+                     prompt_tokens=0, cached_tokens=0, completion_tokens=0,
+                     error=message, error_code=code)
+
+
+class SchedulerLoop:
+    """Applies commands to `scheduler`, steps it while it has work, delivers every output."""
+
+    def __init__(self, scheduler: Scheduler, deliver: Callable[[list[ReqOutput]], None]):
+        self.scheduler = scheduler
+        self.deliver = deliver
+
+    def run(self, inbox: Inbox) -> None:
+        """Serve until a `Stop` command; in-flight requests are then aborted (and delivered)."""
+        while True:
+            for command in inbox.receive(block=not self.scheduler.has_work):
+                if isinstance(command, Stop):
+                    self.abort_all("the runtime is shutting down")
+                    return
+                self.apply(command)
+            if self.scheduler.has_work:
+                self.deliver(self.scheduler.step())
+
+    def apply(self, command: Command) -> None:
+        s = self.scheduler
+        if isinstance(command, AddRequest):
+            try:
+                s.add_request(command.req)
+            except RadixKVError as e:
+                self.deliver([error_output(command.req.rid, str(e), 400)])
+        elif isinstance(command, AbortRequest):
+            out = s.abort(command.rid)
+            if out is not None:
+                self.deliver([out])
+        elif isinstance(command, CallScheduler):
+            if command.future.set_running_or_notify_cancel():
+                try:
+                    command.future.set_result(command.fn(s))
+                except Exception as e:  # the caller gets the exception, the loop goes on
+                    command.future.set_exception(e)
+        else:
+            raise TypeError(f"unknown scheduler command {command!r}")
+
+    def abort_all(self, message: str) -> None:
+        """End every request in flight with an error output (code 503: try again elsewhere)."""
+        outputs = [self.scheduler.abort(rid, message, error_code=503) for rid in list(self.scheduler.reqs)]
+        if outputs:
+            self.deliver([o for o in outputs if o is not None])
