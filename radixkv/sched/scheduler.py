@@ -32,6 +32,7 @@ from radixkv.sched.output import ReqOutput, SchedulerStats
 from radixkv.sched.policy import InBatchPrefixes, SchedulePolicy, match_key
 from radixkv.sched.request import Req, ReqStatus
 from radixkv.sched.stop import Decoder, finish_reason, suppressed_ids
+from radixkv.validation import RequestLimits, check_request
 
 logger = logging.getLogger(__name__)
 
@@ -88,31 +89,17 @@ class Scheduler:
         self.reqs[req.rid] = req
         self.waiting.append(req)
 
+    @property
+    def limits(self) -> RequestLimits:
+        """What any request here must fit: vocabulary, context, the pool's capacity."""
+        return RequestLimits(self.runner.model_config.vocab_size, self.runner.context_length,
+                             self.allocator.total_tokens, self.page_size, self.decoder is not None)
+
     def validate(self, req: Req) -> None:
         """Whether `req` could ever run here (raises `InvalidRequestError` naming the field).
 
         Reads only what never changes (model, context, pool size): safe from any thread."""
-        ids, vocab = req.prompt_ids, self.runner.model_config.vocab_size
-        if not ids:
-            raise InvalidRequestError("the prompt is empty (no tokens)")
-        for i, t in enumerate(ids):
-            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab:
-                raise InvalidRequestError(f"input_ids[{i}]={t!r} is not a token id in [0, {vocab})")
-        total = len(ids) + req.params.max_new_tokens
-        ctx = self.runner.context_length
-        if total > ctx:
-            raise InvalidRequestError(
-                f"prompt of {len(ids)} tokens + max_new_tokens={req.params.max_new_tokens} exceeds "
-                f"the context length of {ctx} tokens")
-        if pages_for_tokens(total, self.page_size) > self.allocator.num_pages:
-            raise InvalidRequestError(
-                f"prompt of {len(ids)} tokens + max_new_tokens={req.params.max_new_tokens} needs more "
-                f"KV than the whole pool holds ({self.allocator.total_tokens} tokens)")
-        for i, t in enumerate(req.params.stop_token_ids):
-            if t >= vocab:
-                raise InvalidRequestError(f"sampling_params.stop_token_ids[{i}]={t} is not a token id in [0, {vocab})")
-        if req.params.stop and self.decoder is None:
-            raise InvalidRequestError("stop strings need a tokenizer; this scheduler has none")
+        check_request(req.prompt_ids, req.params, self.limits)
 
     def abort(self, rid: str, message: str = "aborted by request", error_code: int = 0) -> ReqOutput | None:
         """Stop `rid` wherever it is; everything it held is returned. None if unknown/finished.

@@ -55,3 +55,26 @@ def test_chat_reports_cached_tokens_per_turn():
     cached = [int(n) for n in re.findall(r"(\d+) from cache", out.stderr)]
     assert len(cached) == 2 and cached[0] == 0 and cached[1] > 30
     assert "hit rate" in out.stderr
+
+
+def test_serve_help_explains_every_flag():
+    out = radixkv("serve", "--help")
+    assert out.returncode == 0
+    for flag in ("--host", "--port", "--api-key", "--served-model-name", "--max-body-bytes",
+                 *("--" + f.name.replace("_", "-") for f in fields(EngineConfig))):
+        assert flag in out.stdout, flag
+
+
+def test_serve_refuses_a_bad_or_busy_port_before_loading_anything():
+    import socket
+
+    out = radixkv("serve", "--port", "70000", timeout=60)
+    assert out.returncode == 2 and "--port 70000" in out.stderr
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        busy = s.getsockname()[1]
+        out = radixkv("serve", "--port", str(busy), timeout=60)
+    assert out.returncode == 2 and f"--port {busy}" in out.stderr and "cannot listen" in out.stderr
+    out = radixkv("serve", "--port", "30999", "--max-running-requests", "0", timeout=60)
+    assert out.returncode == 2 and "max_running_requests=0" in out.stderr

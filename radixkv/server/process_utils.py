@@ -1,0 +1,48 @@
+"""What every child process of the server does first: die with its parent, stay off the cores.
+
+The tokenizer manager (HTTP process), the scheduler and the detokenizer share the machine's
+cores with the model's compute threads, so only the scheduler process computes: the others
+start no thread pools and block on their sockets.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+
+from radixkv.logs import setup_logging
+
+_PR_SET_PDEATHSIG = 1
+PARENT_POLL_MS = 1000  # how often a blocked child checks that its parent is still there
+
+
+def quiet_compute_threads() -> None:
+    """No thread pools in processes that only tokenize, detokenize or route requests."""
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ[var] = "1"
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+
+
+def become_child(parent_pid: int, log_level: str, name: str) -> logging.Logger:
+    """Die with the parent (Linux: a signal when it exits, however it exits), leave Ctrl-C to
+    the parent (which shuts everything down in order), and log under `name`."""
+    try:
+        ctypes.CDLL("libc.so.6").prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass  # not Linux: children poll `parent_alive` instead
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)  # unwind: sockets closed, locks released
+    setup_logging(log_level)
+    return logging.getLogger(f"radixkv.server.{name}")
+
+
+def _exit_on_sigterm(signum, frame) -> None:
+    raise SystemExit(0)
+
+
+def parent_alive(parent_pid: int) -> bool:
+    return os.getppid() == parent_pid

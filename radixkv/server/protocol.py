@@ -1,0 +1,120 @@
+"""Request bodies of the HTTP API, validated strictly: an unknown field is an error naming it.
+
+Native `/generate` takes SGLang's shape; `/v1/chat/completions` and `/v1/completions` take
+OpenAI's. Fields OpenAI defines that this runtime does not implement are refused by name
+(`UNSUPPORTED_*`), never silently ignored.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from radixkv.errors import InvalidRequestError
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=False)
+
+
+class GenerateBody(Strict):
+    """POST /generate: one prompt or a batch, as text or token ids."""
+
+    text: str | list[str] | None = None
+    input_ids: list[int] | list[list[int]] | None = None
+    sampling_params: dict[str, Any] | None = None
+    stream: bool = False
+    rid: str | list[str] | None = None
+
+
+class AbortBody(Strict):
+    rid: str
+
+
+class StreamOptions(Strict):
+    include_usage: bool = False
+
+
+class TextPart(Strict):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(Strict):
+    role: Literal["system", "user", "assistant", "tool", "developer"]
+    content: str | list[TextPart] | None = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class SamplingFields(Strict):
+    """Sampling fields common to both OpenAI endpoints (plus SGLang/vLLM's usual extensions)."""
+
+    model: str
+    temperature: float | None = Field(default=None)
+    top_p: float | None = None
+    n: int = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    user: str | None = None  # the end user's id: recorded in the request log
+    # extensions (as in SGLang and vLLM)
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    min_tokens: int | None = None
+    ignore_eos: bool | None = None
+
+
+class ChatCompletionBody(SamplingFields):
+    messages: list[ChatMessage]
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+
+
+class CompletionBody(SamplingFields):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = 16  # OpenAI's default for completions
+
+
+MAX_N = 16
+UNSUPPORTED_CHAT = ("logprobs", "top_logprobs", "logit_bias", "tools", "tool_choice", "parallel_tool_calls",
+                    "functions", "function_call", "response_format", "audio", "modalities", "prediction",
+                    "store", "metadata", "service_tier", "reasoning_effort", "web_search_options")
+UNSUPPORTED_COMPLETION = ("logprobs", "echo", "best_of", "suffix", "logit_bias", "response_format")
+
+
+def refuse_unsupported(body: dict[str, Any], names: tuple[str, ...]) -> None:
+    """400 for OpenAI fields this runtime does not implement (even when set to their default,
+    a client sending them expects them honoured)."""
+    found = sorted(n for n in names if n in body and body[n] is not None)
+    if found:
+        raise InvalidRequestError(f"unsupported field(s) {found}: this server does not implement them")
+
+
+def sampling_dict(body: SamplingFields, max_new_tokens: int, choice: int = 0) -> dict[str, Any]:
+    """OpenAI fields -> our `sampling_params` (a seed differs per choice, so n > 1 samples differ)."""
+    if not 1 <= body.n <= MAX_N:
+        raise InvalidRequestError(f"n={body.n}: must be in [1, {MAX_N}]")
+    params: dict[str, Any] = {"max_new_tokens": max_new_tokens}
+    for ours, theirs in (("temperature", "temperature"), ("top_p", "top_p"), ("top_k", "top_k"),
+                         ("min_p", "min_p"), ("frequency_penalty", "frequency_penalty"),
+                         ("presence_penalty", "presence_penalty"), ("repetition_penalty", "repetition_penalty"),
+                         ("min_new_tokens", "min_tokens"), ("ignore_eos", "ignore_eos")):
+        value = getattr(body, theirs)
+        if value is not None:
+            params[ours] = value
+    if body.stop is not None:
+        params["stop"] = [body.stop] if isinstance(body.stop, str) else list(body.stop)
+    if body.seed is not None:
+        params["seed"] = body.seed + choice
+    return params

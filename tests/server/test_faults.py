@@ -1,0 +1,50 @@
+"""Processes that die, and SIGTERM: no hang, no orphan process, no socket file left."""
+
+import os
+import signal
+import time
+
+import httpx
+import psutil
+
+from tests.server.conftest import start_server, stop_server
+
+
+def children_of(pid):
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def test_sigterm_stops_every_process_and_removes_the_sockets():
+    server = start_server(api_key=None)
+    info = server.info()
+    kids = children_of(server.proc.pid)
+    assert {info["processes"]["scheduler"], info["processes"]["detokenizer"]} <= {k.pid for k in kids}
+    assert sorted(os.listdir(info["ipc_directory"])) == ["detokenizer", "scheduler", "tokenizer"]
+    assert stop_server(server) == 0
+    assert not any(k.is_running() and k.status() != psutil.STATUS_ZOMBIE for k in kids)
+    assert not os.path.exists(info["ipc_directory"])
+
+
+def test_killing_the_scheduler_answers_503_or_exits_never_hangs():
+    server = start_server(api_key=None)
+    scheduler = server.info()["processes"]["scheduler"]
+    kids = children_of(server.proc.pid)
+    with httpx.Client(base_url=server.url, timeout=30) as c:
+        os.kill(scheduler, signal.SIGKILL)
+        deadline = time.monotonic() + 20
+        statuses = set()
+        while time.monotonic() < deadline and server.proc.poll() is None:
+            try:
+                r = c.post("/generate", json={"text": "hello", "sampling_params": {"max_new_tokens": 2}})
+                statuses.add(r.status_code)
+            except httpx.TransportError:
+                break
+            time.sleep(0.1)
+    code = server.proc.wait(30)
+    assert code != 0  # a dead child is a failure
+    assert statuses <= {200, 503}  # before the watchdog noticed, or after: never a hang
+    time.sleep(0.5)
+    assert not any(k.is_running() and k.status() != psutil.STATUS_ZOMBIE for k in kids)

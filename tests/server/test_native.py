@@ -1,0 +1,78 @@
+"""POST /generate against the in-process Engine, streaming and not; control endpoints."""
+
+import json
+
+PROMPTS = ["The capital of France is", "A lighthouse is", "Two plus two equals"]
+
+
+def greedy(n=12):
+    return {"max_new_tokens": n, "temperature": 0}
+
+
+def sse_events(response):
+    events = []
+    for line in response.iter_lines():
+        if line.startswith("data: "):
+            events.append(line[len("data: "):])
+    assert events[-1] == "[DONE]"
+    return [json.loads(e) for e in events[:-1]]
+
+
+def test_generate_equals_the_engine_for_the_same_prompts(server, default_engine):
+    expected = default_engine.generate(PROMPTS, greedy())
+    with server.client() as c:
+        single = c.post("/generate", json={"text": PROMPTS[0], "sampling_params": greedy()}).json()
+        batch = c.post("/generate", json={"text": PROMPTS, "sampling_params": greedy()}).json()
+        by_ids = c.post("/generate", json={"input_ids": expected[1]["output_ids"][:3] and
+                                           default_engine.tokenizer.encode(PROMPTS[1]),
+                                           "sampling_params": greedy()}).json()
+    assert single["text"] == expected[0]["text"] and single["output_ids"] == expected[0]["output_ids"]
+    assert [b["text"] for b in batch] == [e["text"] for e in expected]
+    assert by_ids["output_ids"] == expected[1]["output_ids"]
+    meta = single["meta_info"]
+    assert {"id", "prompt_tokens", "cached_tokens", "completion_tokens", "finish_reason", "ttft",
+            "e2e_latency"} <= set(meta)
+
+
+def test_streamed_generate_adds_up_to_the_same_text(server, default_engine):
+    expected = default_engine.generate(PROMPTS[1], greedy(20))
+    with server.client() as c, c.stream("POST", "/generate",
+                                        json={"text": PROMPTS[1], "sampling_params": greedy(20), "stream": True}) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        events = sse_events(r)
+    assert "".join(e["text"] for e in events) == expected["text"]
+    assert [t for e in events for t in e["output_ids"]] == expected["output_ids"]
+    assert events[-1]["finished"] and not any(e["finished"] for e in events[:-1])
+
+
+def test_server_info_health_metrics_and_flush(server):
+    with server.client() as c:
+        assert c.get("/health").json() == {"status": "ok"}
+        c.post("/generate", json={"text": "Hello there", "sampling_params": greedy(4)})
+        info = c.get("/server_info").json()
+        assert info["page_size"] == 1 and info["max_total_tokens"] == 16384
+        assert set(info["processes"]) == {"http", "scheduler", "detokenizer"}
+        pool = info["kv_pool"]
+        assert pool["free_tokens"] + pool["evictable_tokens"] + pool["protected_tokens"] <= pool["total_tokens"]
+        metrics = c.get("/metrics").text
+        for name in ("radixkv_cache_hit_rate", "radixkv_prompt_tokens_total", "radixkv_cached_tokens_total",
+                     "radixkv_generation_tokens_total", "radixkv_running_requests", "radixkv_waiting_requests",
+                     "radixkv_token_usage", "radixkv_time_to_first_token_seconds_bucket",
+                     "radixkv_e2e_request_latency_seconds_bucket"):
+            assert name in metrics, name
+        assert c.post("/flush_cache").json() == {"flushed": True}
+        assert c.get("/server_info").json()["kv_pool"]["free_tokens"] == 16384
+
+
+def test_abort_request_stops_a_stream(server):
+    with server.client() as c, c.stream("POST", "/generate", json={
+            "text": "Write a long story.", "rid": "to-abort", "stream": True,
+            "sampling_params": {"max_new_tokens": 500, "temperature": 0, "ignore_eos": True}}) as r:
+        lines = r.iter_lines()
+        next(line for line in lines if line.startswith("data: "))
+        with server.client() as c2:
+            assert c2.post("/abort_request", json={"rid": "to-abort"}).json() == {"aborted": "to-abort"}
+        events = [json.loads(x[6:]) for x in lines if x.startswith("data: ") and x != "data: [DONE]"]
+    assert events[-1]["meta_info"]["finish_reason"]["type"] == "abort"
+    assert events[-1]["meta_info"]["completion_tokens"] < 500
+    server.wait_idle()
