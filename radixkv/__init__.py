@@ -4,6 +4,8 @@ from radixkv.errors import (
     CacheInvariantError,
     ConfigError,
     EngineError,
+    BackendUnreachable,
+    FrontendError,
     InvalidPageError,
     InvalidRequestError,
     ModelLoadError,
@@ -14,8 +16,16 @@ from radixkv.errors import (
 __version__ = "0.1.0"
 
 
+_FRONTEND = ("function", "gen", "select", "system", "user", "assistant", "Runtime", "RuntimeEndpoint",
+             "set_default_backend", "ProgramState")
+
+
 def __getattr__(name: str):
     # heavy imports (torch, transformers) only when the engine is actually used
+    if name in _FRONTEND:
+        from radixkv import frontend
+
+        return getattr(frontend, name)
     if name == "Engine":
         from radixkv.engine import Engine
 
@@ -31,10 +41,13 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'radixkv' has no attribute {name!r}")
 
 __all__ = [
+    *_FRONTEND,
     "Engine",
     "EngineConfig",
     "SamplingParams",
+    "BackendUnreachable",
     "CacheInvariantError",
+    "FrontendError",
     "ConfigError",
     "EngineError",
     "InvalidPageError",

@@ -7,7 +7,11 @@
         outs = engine.generate(input_ids=[[1, 2, 3]], sampling_params={"max_new_tokens": 4})
 
 Each output is `{"text", "output_ids", "meta_info": {"id", "prompt_tokens", "cached_tokens",
-"completion_tokens", "finish_reason", "ttft", "e2e_latency"}}`.
+"completion_tokens", "finish_reason", "ttft", "e2e_latency"}}`; with `return_logprob=True` the
+meta_info also holds `output_token_logprobs` ([[logprob, token_id], ...]), with
+`logprob_start_len >= 0` `input_token_logprobs` (the prompt from that position; the first
+prompt token has no log-prob: None), and with `top_logprobs_num > 0` the `output_top_logprobs` /
+`input_top_logprobs` alternatives.
 
 Thread-safe: one loop (`SchedulerLoop`) drives the scheduler and hands each output to the
 caller waiting for that request, so any number of threads may generate, stream, abort, flush or
@@ -22,15 +26,18 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 import uuid
 from collections.abc import Iterator, Sequence
+from dataclasses import astuple
 from typing import Any
 
 from radixkv.config import EngineConfig
 from radixkv.errors import EngineError, InvalidRequestError, RadixKVError
 from radixkv.logs import setup_logging
-from radixkv.sampling_params import SamplingParams
 from radixkv.sched import Req, ReqOutput, Scheduler
+from radixkv.results import Collected
+from radixkv.sampling_params import LogprobParams, SamplingParams
 from radixkv.sched.loop import AbortRequest, AddRequest, CallScheduler, QueueInbox, SchedulerLoop, Stop
 from radixkv.tokenizer import TextStream, trim_stop_string
 
@@ -51,6 +58,7 @@ class Engine:
         self._waiters: dict[str, queue.SimpleQueue[ReqOutput]] = {}  # rid -> its caller's queue
         self._lock = threading.Lock()  # guards _waiters and _closed
         self._driving = threading.Lock()  # held by the one thread running the loop
+        self._dedicated_drivers = 0  # threads in run_until: they drive, everyone else waits
         self._closed = False
         self._loop = SchedulerLoop(self.scheduler, self._deliver)
 
@@ -61,26 +69,31 @@ class Engine:
         sampling_params: dict | SamplingParams | Sequence[dict | SamplingParams] | None = None,
         input_ids: Sequence[int] | Sequence[Sequence[int]] | None = None,
         namespace: Any = None,
+        return_logprob: bool | Sequence[bool] = False,
+        logprob_start_len: int | Sequence[int] = -1,
+        top_logprobs_num: int | Sequence[int] = 0,
     ) -> dict[str, Any] | list[dict[str, Any]]:
         """Generate for one prompt (returns a dict) or a batch (returns a list, in order).
 
         Every request is validated before any runs: a bad one raises `InvalidRequestError`
-        naming its index and field, and the engine keeps serving.
+        naming its index and field, and the engine keeps serving. The log-prob arguments take
+        one value for the batch or one per prompt.
         """
-        reqs, single = self._make_requests(prompt, sampling_params, input_ids, namespace)
-        outputs: dict[str, list[int]] = {r.rid: [] for r in reqs}
+        reqs, single = self._make_requests(prompt, sampling_params, input_ids, namespace,
+                                           (return_logprob, logprob_start_len, top_logprobs_num))
+        collected = {r.rid: Collected() for r in reqs}
         final: dict[str, ReqOutput] = {}
         inbox = self._submit(reqs)
         try:
             while len(final) < len(reqs):
                 out = self._next(inbox)
-                outputs[out.rid].extend(out.new_ids)
+                collected[out.rid].add(out)
                 if out.finished:
                     self._raise_if_error(out, [r.rid for r in reqs], single)
                     final[out.rid] = out
         finally:
             self._withdraw(reqs, final)
-        results = [self._result(req, outputs[req.rid], final[req.rid]) for req in reqs]
+        results = [self._result(req, collected[req.rid], final[req.rid]) for req in reqs]
         return results[0] if single else results
 
     def generate_stream(
@@ -89,13 +102,18 @@ class Engine:
         sampling_params: dict | SamplingParams | None = None,
         input_ids: Sequence[int] | None = None,
         namespace: Any = None,
+        return_logprob: bool = False,
+        logprob_start_len: int = -1,
+        top_logprobs_num: int = 0,
     ) -> Iterator[dict[str, Any]]:
         """Yield `{"text": delta, "output_ids": new ids, "finished": bool, "meta_info"}` chunks
-        for one request as it decodes; closing the iterator early aborts the request, and
-        `abort(id)` ends it with finish_reason "abort"."""
+        for one request as it decodes (log-probs, when asked for, are those of the chunk's
+        tokens); closing the iterator early aborts the request, and `abort(id)` ends it with
+        finish_reason "abort"."""
         if self.tokenizer is None:
             raise InvalidRequestError(f"{self.runner.model_dir} has no tokenizer to stream text with")
-        reqs, single = self._make_requests(prompt, sampling_params, input_ids, namespace)
+        reqs, single = self._make_requests(prompt, sampling_params, input_ids, namespace,
+                                           (return_logprob, logprob_start_len, top_logprobs_num))
         if not single:
             raise InvalidRequestError("generate_stream takes a single prompt")
         req = reqs[0]
@@ -114,8 +132,10 @@ class Engine:
                     delta = text.finish(out.new_ids, out.finish_reason)
                 else:
                     delta = text.push(out.new_ids)
+                piece = Collected()
+                piece.add(out)
                 yield {"text": delta, "output_ids": out.new_ids, "finished": out.finished,
-                       "meta_info": self._meta(out)}
+                       "meta_info": self._meta(out) | piece.logprob_meta(*astuple(req.logprob))}
         finally:
             self._withdraw([req], finished)
 
@@ -137,6 +157,27 @@ class Engine:
             return out is not None
 
         return self._call(abort)
+
+    def run_until(self, done) -> None:
+        """Drive the scheduler on this thread until `done()` is true: for a thread that waits
+        while others submit the work (torch computes fastest on a process's main thread, so
+        `run_batch` of the frontend drives from there)."""
+        with self._lock:
+            self._dedicated_drivers += 1
+        try:
+            while not done():
+                if not self._driving.acquire(timeout=IDLE_WAIT_SECONDS):
+                    continue
+                try:
+                    self._check_open()
+                    progressed = self._loop.run_once(self._inbox)
+                finally:
+                    self._driving.release()
+                if not progressed:
+                    time.sleep(0.001)  # idle: let the other threads submit
+        finally:
+            with self._lock:
+                self._dedicated_drivers -= 1
 
     # -- control and stats -----------------------------------------------------------------------
     def flush_cache(self) -> bool:
@@ -195,7 +236,7 @@ class Engine:
                 return inbox.get_nowait()
             except queue.Empty:
                 pass
-            if self._driving.acquire(blocking=False):
+            if not self._dedicated_drivers and self._driving.acquire(blocking=False):
                 try:
                     if self._closed:
                         raise EngineError("this engine has been shut down")
@@ -253,7 +294,8 @@ class Engine:
         raise EngineError(where + out.error)
 
     # -- helpers ---------------------------------------------------------------------------------
-    def _make_requests(self, prompt, sampling_params, input_ids, namespace) -> tuple[list[Req], bool]:
+    def _make_requests(self, prompt, sampling_params, input_ids, namespace,
+                       logprob_args=(False, -1, 0)) -> tuple[list[Req], bool]:
         self._check_open()
         if (prompt is None) == (input_ids is None):
             raise InvalidRequestError("give exactly one of prompt or input_ids")
@@ -287,10 +329,17 @@ class Engine:
                 hash(ns)
             except TypeError:
                 raise InvalidRequestError(f"namespace {ns!r} must be hashable (a string or number)") from None
+        per_request = []
+        for name, value in zip(("return_logprob", "logprob_start_len", "top_logprobs_num"), logprob_args):
+            values = list(value) if isinstance(value, (list, tuple)) else [value] * len(ids)
+            if len(values) != len(ids):
+                raise InvalidRequestError(f"{len(values)} values of {name} for {len(ids)} prompts")
+            per_request.append(values)
         reqs = []
-        for i, (toks, params, ns) in enumerate(zip(ids, params_list, namespaces)):
+        for i, (toks, params, ns, *lp) in enumerate(zip(ids, params_list, namespaces, *per_request)):
             try:
-                req = Req(uuid.uuid4().hex, toks, SamplingParams.from_dict(params), namespace=ns)
+                req = Req(uuid.uuid4().hex, toks, SamplingParams.from_dict(params), namespace=ns,
+                          logprob=LogprobParams(*lp))
                 self.scheduler.validate(req)
             except RadixKVError as e:
                 raise type(e)(str(e) if single else f"request [{i}]: {e}") from None
@@ -302,7 +351,8 @@ class Engine:
                 "completion_tokens": out.completion_tokens, "finish_reason": out.finish_reason,
                 "ttft": out.ttft, "e2e_latency": out.latency}
 
-    def _result(self, req: Req, output_ids: list[int], out: ReqOutput) -> dict[str, Any]:
-        text = self.tokenizer.decode(output_ids, req.params.skip_special_tokens) if self.tokenizer else ""
-        return {"text": trim_stop_string(text, out.finish_reason), "output_ids": output_ids,
-                "meta_info": self._meta(out)}
+    def _result(self, req: Req, collected: Collected, out: ReqOutput) -> dict[str, Any]:
+        ids = collected.ids
+        text = self.tokenizer.decode(ids, req.params.skip_special_tokens) if self.tokenizer else ""
+        return {"text": trim_stop_string(text, out.finish_reason), "output_ids": ids,
+                "meta_info": self._meta(out) | collected.logprob_meta(*astuple(req.logprob))}

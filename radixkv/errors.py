@@ -51,3 +51,18 @@ class InvalidRequestError(RadixKVError, ValueError):
 
 class EngineError(RadixKVError, RuntimeError):
     """The engine cannot serve a call: it was shut down, or its scheduler stopped making progress."""
+
+
+class FrontendError(RadixKVError):
+    """A frontend-language program cannot go on: a misused primitive, or a failed backend call."""
+
+
+class UnknownVariableError(FrontendError, KeyError):
+    """A program read a variable no `gen`/`select` of its state (or its forks) has set."""
+
+    def __str__(self) -> str:  # KeyError would print the message quoted
+        return str(self.args[0])
+
+
+class BackendUnreachable(FrontendError):
+    """The runtime a program talks to cannot be reached (no server at the URL, or it died)."""

@@ -9,6 +9,7 @@ from radixkv.errors import InvalidRequestError
 
 MAX_NEW_TOKENS_LIMIT = 1 << 20
 GREEDY_TEMPERATURE = 1e-5
+MAX_TOP_LOGPROBS = 20
 
 
 @dataclass(frozen=True)
@@ -112,3 +113,34 @@ class SamplingParams:
         d = asdict(self)
         d.pop("extra")
         return d
+
+
+@dataclass(frozen=True, slots=True)
+class LogprobParams:
+    """`return_logprob`: report output token log-probs; `start` >= 0: also prompt tokens from
+    that position; `top_n`: that many most likely alternatives at each reported position."""
+
+    return_logprob: bool = False
+    start: int = -1
+    top_n: int = 0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.return_logprob, bool):
+            raise InvalidRequestError(f"return_logprob={self.return_logprob!r}: must be true or false")
+        for name in ("start", "top_n"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise InvalidRequestError(f"{'logprob_start_len' if name == 'start' else 'top_logprobs_num'}="
+                                          f"{v!r}: must be an integer")
+        if not 0 <= self.top_n <= MAX_TOP_LOGPROBS:
+            raise InvalidRequestError(f"top_logprobs_num={self.top_n}: must be in [0, {MAX_TOP_LOGPROBS}]")
+        if (self.start >= 0 or self.top_n) and not self.return_logprob:
+            raise InvalidRequestError("logprob_start_len and top_logprobs_num need return_logprob=true")
+
+    def check_prompt(self, prompt_len: int) -> None:
+        if self.start > prompt_len:
+            raise InvalidRequestError(f"logprob_start_len={self.start} is past the prompt ({prompt_len} tokens)")
+
+    @property
+    def wants_prompt(self) -> bool:
+        return self.return_logprob and self.start >= 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,19 @@ class Tokenizer:
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.hf.decode(ids, skip_special_tokens=skip_special_tokens)
 
+    def encode_segment(self, text: str) -> list[int]:
+        """Token ids of `text` alone, no BOS added (special tokens written in it are parsed)."""
+        if not isinstance(text, str):
+            raise InvalidRequestError(f"text must be a string, got {type(text).__name__}")
+        return self.hf.encode(text, add_special_tokens=False)
+
+    def chat_roles(self) -> ChatRoles:
+        """The model's chat template, split into role segments (see `ChatRoles`)."""
+        if getattr(self.hf, "chat_template", None) is None:
+            raise InvalidRequestError("this model's tokenizer has no chat template")
+        return derive_chat_roles(lambda m, gen: self.hf.apply_chat_template(
+            m, tokenize=False, add_generation_prompt=gen))
+
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> list[int]:
         """Token ids of a conversation rendered by the model's chat template."""
         if not isinstance(messages, list) or not messages:
@@ -64,6 +78,53 @@ class Tokenizer:
         out = self.hf.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
                                           tokenize=True, return_dict=True)
         return list(out["input_ids"])
+
+
+_SENTINEL = "\x00radixkv-content\x00"
+
+
+@dataclass(frozen=True)
+class ChatRoles:
+    """The text a chat template puts around each message, so a program can render a
+    conversation segment by segment (and keep what it already sent as a token prefix).
+
+    `prefixes[role] + content + suffixes[role]` is a message after the first one; a
+    conversation's first message starts with `first_system_prefix` if it is a system message,
+    else with `implicit_system` (the default system block some templates insert, may be "")
+    followed by its role's prefix. `generation_prefix` opens the assistant's reply.
+    """
+
+    prefixes: dict[str, str]
+    suffixes: dict[str, str]
+    first_system_prefix: str
+    implicit_system: str
+    generation_prefix: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def derive_chat_roles(render) -> ChatRoles:
+    """`render(messages, add_generation_prompt) -> str` is a chat template; returns its roles."""
+    s = _SENTINEL
+    first = render([{"role": "system", "content": s}], False)
+    first_system_prefix, system_suffix = first.split(s)
+    base = render([{"role": "system", "content": "X"}], False)
+    prefixes, suffixes = {"system": None, "user": None, "assistant": None}, {"system": system_suffix}
+    for role in ("system", "user", "assistant"):
+        full = render([{"role": "system", "content": "X"}, {"role": "user", "content": "Y"}][: 2 if role == "assistant" else 1]
+                      + [{"role": role, "content": s}], False)
+        head = base if role != "assistant" else render([{"role": "system", "content": "X"},
+                                                         {"role": "user", "content": "Y"}], False)
+        if not full.startswith(head):
+            raise ModelLoadError("the chat template renders a conversation differently from its start; "
+                                 "cannot split it into role segments")
+        prefixes[role], suffixes[role] = full[len(head):].split(s)
+    user_only = render([{"role": "user", "content": s}], False)
+    implicit_system = user_only.split(s)[0][: -len(prefixes["user"])] if prefixes["user"] else ""
+    convo = [{"role": "system", "content": "X"}, {"role": "user", "content": "Y"}]
+    generation_prefix = render(convo, True)[len(render(convo, False)):]
+    return ChatRoles(prefixes, suffixes, first_system_prefix, implicit_system, generation_prefix)
 
 
 class IncrementalDetokenizer:

@@ -39,6 +39,16 @@ def default_engine():
     engine.shutdown()
 
 
+@pytest.fixture(scope="session")
+def server():
+    """The real server on the default model, with an API key (tests/server_helpers.py)."""
+    from tests.server_helpers import start_server, stop_server
+
+    s = start_server()
+    yield s
+    stop_server(s)
+
+
 def pytest_collection_modifyitems(config, items):
     """`@pytest.mark.gpu` tests are skipped when no CUDA device is present."""
     if torch.cuda.is_available():

@@ -14,7 +14,7 @@ step produces and what msgpack packs compactly. On the wire a message is the msg
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import msgpack
@@ -34,6 +34,7 @@ class GenerateRequest:
     input_ids: list[int]
     sampling_params: dict[str, Any]  # SamplingParams.to_dict()
     namespace: str | None = None
+    logprob: list = field(default_factory=lambda: [False, -1, 0])  # return_logprob, start, top_n
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +92,10 @@ class TokenBatch:
     error_codes: list[int]
     stops: list[list[str]]  # stop strings, for the detokenizer's hold-back
     skip_special_tokens: list[bool]
+    output_logprobs: list[list[float] | None]  # per request, as in ReqOutput
+    output_top_logprobs: list[list | None]
+    input_logprobs: list[list | None]
+    input_top_logprobs: list[list | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +114,10 @@ class TextBatch:
     latency: list[float | None]
     errors: list[str | None]
     error_codes: list[int]
+    output_logprobs: list[list[float] | None]
+    output_top_logprobs: list[list | None]
+    input_logprobs: list[list | None]
+    input_top_logprobs: list[list | None]
 
 
 Message = (GenerateRequest | AbortMsg | ControlRequest | ControlReply | SchedulerReady | SchedulerFailed

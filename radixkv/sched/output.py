@@ -23,6 +23,12 @@ class ReqOutput:
     latency: float | None = None  # seconds from arrival to finish
     error: str | None = None
     error_code: int = 0
+    # with return_logprob: the new output tokens' log-probs (and top alternatives, [[lp, id], ...]
+    # per token); the prompt's [[lp, id], ...] from logprob_start_len, once, when prefilled
+    output_logprobs: list[float] | None = None
+    output_top_logprobs: list[list[list]] | None = None
+    input_logprobs: list[list] | None = None
+    input_top_logprobs: list[list[list] | None] | None = None
 
 
 @dataclass

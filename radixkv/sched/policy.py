@@ -22,8 +22,12 @@ IN_BATCH_SHARE_TOKENS = 32
 
 
 def match_key(req: Req) -> list[int]:
-    """The tokens a cached prefix may cover: all but the last, which must run for logits."""
-    return req.seq_ids[: req.seq_len - 1]
+    """The tokens a cached prefix may cover: all but the last, which must run for logits, and
+    none past `logprob_start_len - 1` while the request still needs its prompt log-probs."""
+    length = req.seq_len - 1
+    if req.logprob.wants_prompt and not req.logprobs.prompt_sent:
+        length = min(length, max(0, req.logprob.start - 1))
+    return req.seq_ids[:length]
 
 
 def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:

@@ -20,7 +20,8 @@ from typing import Any
 import torch
 
 from radixkv.mem import SeqPages
-from radixkv.sampling_params import SamplingParams
+from radixkv.sampling_params import LogprobParams, SamplingParams
+from radixkv.sched.logprobs import LogprobState
 
 
 class ReqStatus(enum.Enum):
@@ -35,6 +36,7 @@ class Req:
     prompt_ids: list[int]
     params: SamplingParams
     namespace: Any = None  # isolates cached prefixes (LoRA id, cache salt)
+    logprob: LogprobParams = field(default_factory=LogprobParams)  # which log-probs to report
     output_ids: list[int] = field(default_factory=list)
     status: ReqStatus = ReqStatus.WAITING
     finish_reason: dict[str, Any] | None = None
@@ -54,6 +56,7 @@ class Req:
     first_token_time: float | None = None
     finish_time: float | None = None
     match_len: int = 0  # scratch: prefix length found by the scheduling policy this round
+    logprobs: LogprobState = field(default_factory=LogprobState)
 
     @property
     def seq_ids(self) -> list[int]:

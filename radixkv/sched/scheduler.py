@@ -21,6 +21,8 @@ import time
 from collections import deque
 from typing import Any
 
+import torch
+
 from radixkv.attention import ForwardMode
 from radixkv.config import EngineConfig
 from radixkv.errors import CacheInvariantError, InvalidRequestError
@@ -28,6 +30,7 @@ from radixkv.mem import KVMemory, NoCache, PrefixCache, RadixCache, pages_for_to
 from radixkv.model.runner import ModelRunner
 from radixkv.model.sampler import Sampler, SamplingRow
 from radixkv.sched.batch import ScheduledBatch
+from radixkv.sched.logprobs import prompt_rows, token_logprobs
 from radixkv.sched.output import ReqOutput, SchedulerStats
 from radixkv.sched.policy import InBatchPrefixes, SchedulePolicy, match_key
 from radixkv.sched.request import Req, ReqStatus
@@ -100,6 +103,7 @@ class Scheduler:
 
         Reads only what never changes (model, context, pool size): safe from any thread."""
         check_request(req.prompt_ids, req.params, self.limits)
+        req.logprob.check_prompt(len(req.prompt_ids))
 
     def abort(self, rid: str, message: str = "aborted by request", error_code: int = 0) -> ReqOutput | None:
         """Stop `rid` wherever it is; everything it held is returned. None if unknown/finished.
@@ -273,15 +277,37 @@ class Scheduler:
         reqs = [c[0] for c in chosen]
         samples = [start + len(toks) == r.seq_len for r, start, toks, _ in chosen]
         slots = [s for c in chosen for s in c[3]]
+        rows = [[] if b < num_decode else prompt_rows(r.logprob, len(r.prompt_ids), start, len(toks))
+                for b, (r, start, toks, _) in enumerate(chosen)]
         mode = ForwardMode.DECODE if all(len(c[2]) == 1 for c in chosen) else ForwardMode.EXTEND
         return ScheduledBatch.build(mode, reqs, [c[1] for c in chosen], [c[2] for c in chosen],
-                                    slots, samples, num_decode, self.runner.device)
+                                    slots, samples, num_decode, self.runner.device, rows)
 
     def _process(self, batch: ScheduledBatch, logits) -> list[ReqOutput]:
-        sampling = [r for r, s in zip(batch.reqs, batch.samples) if s]
+        sampling, sample_rows, pos = [], [], 0  # logits rows: per request, prompt rows then its sample row
+        for req, rows, sample, start in zip(batch.reqs, batch.prompt_rows, batch.samples, batch.starts):
+            if rows:
+                self._record_prompt_logprobs(req, logits[pos:pos + len(rows)], [start + r for r in rows])
+                pos += len(rows)
+            if sample:
+                sampling.append(req)
+                sample_rows.append(pos)
+                pos += 1
+        if pos != len(sample_rows):  # some rows were prompt log-probs: keep the sampling rows
+            logits = logits[torch.tensor(sample_rows, dtype=torch.int64, device=logits.device)]
+        wants = [i for i, r in enumerate(sampling) if r.logprob.return_logprob and r.params.max_new_tokens]
+        raw = logits[wants].clone() if wants else None  # the model's own distribution, before sampling edits it
         rows = [SamplingRow(r.params, r.generator, r.output_ids, r.prompt_ids,
                             suppressed_ids(r, self.eos_ids)) for r in sampling]
         tokens = self.sampler.sample(logits, rows) if sampling else []
+        if wants:
+            top_n = max(sampling[i].logprob.top_n for i in wants)
+            lps, tops = token_logprobs(raw, [tokens[i] for i in wants], top_n)
+            for k, i in enumerate(wants):
+                state, n = sampling[i].logprobs, sampling[i].logprob.top_n
+                state.output.append(lps[k])
+                if n:
+                    state.output_top.append(tops[k][:n])
         outputs = []
         now = time.perf_counter()
         for req, token in zip(sampling, tokens):
@@ -302,6 +328,12 @@ class Scheduler:
                 req.last_node = match.last_node
                 self.req_table.write(req.row, 0, req.seq.slots(0, len(match.pages) * self.page_size))
         return outputs
+
+    def _record_prompt_logprobs(self, req: Req, logits, positions: list[int]) -> None:
+        """logits (n, V) at `positions` score the prompt tokens one position later."""
+        lps, tops = token_logprobs(logits, [req.prompt_ids[p + 1] for p in positions], req.logprob.top_n)
+        for k, p in enumerate(positions):
+            req.logprobs.prompt[p + 1] = (lps[k], tops[k] if tops else None)
 
     # -- memory ----------------------------------------------------------------------------------
     def _chunk_cap(self, seq_len: int) -> int:
@@ -362,9 +394,24 @@ class Scheduler:
 
     def _output(self, req: Req, error: str | None = None, error_code: int = 0) -> ReqOutput:
         """What `req` produced since its last output (new tokens only) and where it stands."""
-        new_ids = req.output_ids[req.sent_tokens:]
+        first = req.sent_tokens
+        new_ids = req.output_ids[first:]
         req.sent_tokens = len(req.output_ids)
+        lp = req.logprobs
+        out_lp = out_top = in_lp = in_top = None
+        if req.logprob.return_logprob:
+            out_lp = lp.output[first:]
+            out_top = lp.output_top[first:] if req.logprob.top_n else None
+            done = bool(req.output_ids) or req.status is ReqStatus.FINISHED
+            if req.logprob.wants_prompt and not lp.prompt_sent and done:
+                lp.prompt_sent = True
+                span = range(req.logprob.start, len(req.prompt_ids))
+                in_lp = [[lp.prompt.get(p, (None, None))[0], req.prompt_ids[p]] for p in span]
+                if req.logprob.top_n:
+                    in_top = [lp.prompt.get(p, (None, None))[1] for p in span]
         return ReqOutput(
+            output_logprobs=out_lp, output_top_logprobs=out_top, input_logprobs=in_lp,
+            input_top_logprobs=in_top,
             rid=req.rid, new_ids=new_ids, finished=req.status is ReqStatus.FINISHED,
             finish_reason=req.finish_reason, prompt_tokens=len(req.prompt_ids),
             cached_tokens=req.cached_tokens, completion_tokens=len(req.output_ids),

@@ -39,7 +39,8 @@ class Detokenizer:
             texts.append(text)
         return TextBatch(batch.rids, texts, batch.new_ids, batch.finished, batch.finish_reasons,
                          batch.prompt_tokens, batch.cached_tokens, batch.completion_tokens, batch.ttft,
-                         batch.latency, batch.errors, batch.error_codes)
+                         batch.latency, batch.errors, batch.error_codes, batch.output_logprobs,
+                         batch.output_top_logprobs, batch.input_logprobs, batch.input_top_logprobs)
 
 
 def run_detokenizer_process(model_dir: str, endpoints: Endpoints, parent_pid: int, log_level: str) -> None:

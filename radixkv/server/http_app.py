@@ -10,6 +10,7 @@
 | GET /server_info | model, KV pool (free / evictable / protected tokens), config |
 | POST /flush_cache | empty the prefix cache (409 while requests run) |
 | POST /abort_request | {"rid": ...}: stop a request in flight |
+| POST /tokenize, /detokenize | text (or chat messages) <-> token ids, with this model's tokenizer |
 | GET /metrics | Prometheus text: hit rate, token counters, queues, KV usage, TTFT, latency |
 
 Every error is `{"error": {"message", "type", "code"}}` with a 4xx/5xx status; a bad request
@@ -22,7 +23,7 @@ import json
 import logging
 import os
 import secrets
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -31,9 +32,10 @@ from pydantic import ValidationError
 
 from radixkv import __version__
 from radixkv.errors import EngineError, InvalidRequestError, RadixKVError
-from radixkv.sampling_params import SamplingParams
+from radixkv.results import Collected
+from radixkv.sampling_params import LogprobParams, SamplingParams
 from radixkv.server.metrics import ServerMetrics
-from radixkv.server.protocol import AbortBody, GenerateBody
+from radixkv.server.protocol import AbortBody, DetokenizeBody, GenerateBody, TokenizeBody
 from radixkv.server.tokenizer_manager import ServiceUnavailable, TokenizerManager
 
 logger = logging.getLogger(__name__)
@@ -163,25 +165,47 @@ def create_app(manager: TokenizerManager, settings: ServerSettings, metrics: Ser
     async def generate(request: Request):
         body = GenerateBody.model_validate(await json_body(request, settings))
         prompts, single = native_prompts(manager, body)
-        params = native_params(body, len(prompts))
-        rids = body.rid if isinstance(body.rid, list) else [body.rid] * len(prompts)
-        if len(rids) != len(prompts):
-            raise InvalidRequestError(f"{len(rids)} rids for {len(prompts)} prompts")
-        for i, (ids, p) in enumerate(zip(prompts, params)):
+        n = len(prompts)
+        params = [SamplingParams.from_dict(body.sampling_params or {})] * n
+        rids = per_prompt("rid", body.rid, n)
+        logprobs = [LogprobParams(*args) for args in zip(per_prompt("return_logprob", body.return_logprob, n),
+                                                          per_prompt("logprob_start_len", body.logprob_start_len, n),
+                                                          per_prompt("top_logprobs_num", body.top_logprobs_num, n))]
+        for i, (ids, p, lp) in enumerate(zip(prompts, params, logprobs)):
             try:
-                manager.check(ids, p)
+                manager.check(ids, p, lp)
             except InvalidRequestError as e:
                 raise InvalidRequestError(str(e) if single else f"request [{i}]: {e}") from None
         if body.stream:
             if not single:
                 raise InvalidRequestError("stream takes a single prompt")
-            return StreamingResponse(native_stream(manager, prompts[0], params[0], rids[0]),
+            return StreamingResponse(native_stream(manager, prompts[0], params[0], rids[0], logprobs[0]),
                                      media_type="text/event-stream")
         import asyncio
 
-        results = await asyncio.gather(*(manager.generate(ids, p, rid) for ids, p, rid in zip(prompts, params, rids)))
-        outs = [{"text": text, "output_ids": ids, "meta_info": last.meta_info()} for text, ids, last in results]
+        results = await asyncio.gather(*(manager.generate(ids, p, rid, logprob=lp)
+                                         for ids, p, rid, lp in zip(prompts, params, rids, logprobs)))
+        outs = [{"text": text, "output_ids": got.ids, "meta_info": last.meta_info() | got.logprob_meta(*astuple(lp))}
+                for (text, got, last), lp in zip(results, logprobs)]
         return outs[0] if single else outs
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request):
+        body = TokenizeBody.model_validate(await json_body(request, settings))
+        if (body.text is None) == (body.messages is None):
+            raise InvalidRequestError("give exactly one of text or messages")
+        if body.text is not None:
+            return {"input_ids": manager.tokenizer.encode_segment(body.text)}
+        return {"input_ids": manager.tokenizer.apply_chat_template(body.messages, body.add_generation_prompt)}
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request):
+        body = DetokenizeBody.model_validate(await json_body(request, settings))
+        vocab = manager.limits.vocab_size
+        bad = [t for t in body.input_ids if not 0 <= t < vocab]
+        if bad:
+            raise InvalidRequestError(f"input_ids holds {bad[:3]}: not token ids in [0, {vocab})")
+        return {"text": manager.tokenizer.decode(body.input_ids, body.skip_special_tokens)}
 
     @app.post("/abort_request")
     async def abort_request(request: Request):
@@ -203,11 +227,23 @@ def create_app(manager: TokenizerManager, settings: ServerSettings, metrics: Ser
             "id": settings.model_name, "object": "model", "created": 0, "owned_by": "radixkv",
             "root": manager.info["model_dir"], "max_model_len": manager.limits.context_length}]}
 
+    roles_cache: dict[str, Any] = {}
+
+    def chat_roles() -> dict[str, Any] | None:
+        """The chat template's role segments (for frontends that render turn by turn)."""
+        if "roles" not in roles_cache:
+            try:
+                roles_cache["roles"] = manager.tokenizer.chat_roles().to_dict()
+            except RadixKVError:
+                roles_cache["roles"] = None
+        return roles_cache["roles"]
+
     @app.get("/server_info")
     async def server_info():
         stats = await manager.control("stats")
         info = dict(manager.info)
         return {**info, "version": __version__, "model_name": settings.model_name,
+                "chat_roles": chat_roles(),
                 "processes": {"http": os.getpid(), **app.state.child_pids},
                 "ipc_directory": app.state.ipc_directory,
                 "kv_pool": {k: stats[k] for k in ("total_tokens", "free_tokens", "used_tokens", "evictable_tokens",
@@ -248,21 +284,27 @@ def native_prompts(manager: TokenizerManager, body: GenerateBody) -> tuple[list[
     return prompts, single
 
 
-def native_params(body: GenerateBody, n: int) -> list[SamplingParams]:
-    params = SamplingParams.from_dict(body.sampling_params or {})
-    return [params] * n
+def per_prompt(name: str, value, n: int) -> list:
+    """One value per prompt: a list of n, or one value for all."""
+    values = value if isinstance(value, list) else [value] * n
+    if len(values) != n:
+        raise InvalidRequestError(f"{len(values)} values of {name} for {n} prompts")
+    return values
 
 
-async def native_stream(manager: TokenizerManager, ids: list[int], params: SamplingParams, rid: str | None):
+async def native_stream(manager: TokenizerManager, ids: list[int], params: SamplingParams, rid: str | None,
+                        logprob: LogprobParams):
     """Engine.generate_stream's chunks as server-sent events, then [DONE]."""
     try:
-        async for chunk in manager.stream(ids, params, rid):
+        async for chunk in manager.stream(ids, params, rid, logprob=logprob):
             if chunk.error is not None:
                 status, message, kind = error_of(_error_of_chunk(chunk))
                 yield sse({"error": {"message": message, "type": kind, "code": status}})
                 break
+            piece = Collected()
+            piece.add(chunk)
             yield sse({"text": chunk.text, "output_ids": chunk.new_ids, "finished": chunk.finished,
-                       "meta_info": chunk.meta_info()})
+                       "meta_info": chunk.meta_info() | piece.logprob_meta(*astuple(logprob))})
     except RadixKVError as e:
         status, message, kind = error_of(e)
         yield sse({"error": {"message": message, "type": kind, "code": status}})

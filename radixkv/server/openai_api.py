@@ -19,7 +19,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 
 from radixkv.errors import InvalidRequestError, RadixKVError
-from radixkv.sampling_params import SamplingParams
+from radixkv.results import Collected
+from radixkv.sampling_params import LogprobParams, SamplingParams
 from radixkv.server.http_app import SSE_DONE, HTTPError, ServerSettings, error_of, json_body, sse
 from radixkv.server.protocol import (
     UNSUPPORTED_CHAT,
@@ -45,8 +46,8 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dic
 class Job:
     """One prompt and its n samples, validated; knows how much of the prompt was cached."""
 
-    def __init__(self, ids: list[int], params: list[SamplingParams]):
-        self.ids, self.params = ids, params
+    def __init__(self, ids: list[int], params: list[SamplingParams], logprob: LogprobParams):
+        self.ids, self.params, self.logprob = ids, params, logprob
         self.cached_tokens: int | None = None  # of the prompt, before this request (n > 1)
 
     async def prefill_if_shared(self, manager: TokenizerManager) -> None:
@@ -64,11 +65,12 @@ def add_openai_routes(app: FastAPI, manager: TokenizerManager, settings: ServerS
 
     def jobs_for(prompts: list[list[int]], body, max_tokens: int | None) -> list[Job]:
         jobs = []
+        logprob = body.logprob_params()
         for ids in prompts:
             max_new = max_tokens if max_tokens is not None else max(0, manager.limits.context_length - len(ids))
             params = [SamplingParams.from_dict(sampling_dict(body, max_new, j)) for j in range(body.n)]
-            manager.check(ids, params[0])
-            jobs.append(Job(ids, params))
+            manager.check(ids, params[0], logprob)
+            jobs.append(Job(ids, params, logprob))
         return jobs
 
     @app.post("/v1/chat/completions")
@@ -88,10 +90,10 @@ def add_openai_routes(app: FastAPI, manager: TokenizerManager, settings: ServerS
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             return StreamingResponse(stream_chat(manager, job, meta, include_usage), media_type="text/event-stream")
         await job.prefill_if_shared(manager)
-        results = await asyncio.gather(*(manager.generate(job.ids, p) for p in job.params))
+        results = await asyncio.gather(*(manager.generate(job.ids, p, logprob=job.logprob) for p in job.params))
         choices = [{"index": j, "message": {"role": "assistant", "content": text},
-                    "logprobs": None, "finish_reason": finish_reason_name(last.finish_reason)}
-                   for j, (text, _, last) in enumerate(results)]
+                    "logprobs": chat_logprobs(manager, job, got), "finish_reason": finish_reason_name(last.finish_reason)}
+                   for j, (text, got, last) in enumerate(results)]
         return {**meta, "object": "chat.completion", "choices": choices,
                 "usage": usage(len(job.ids), sum(r[2].completion_tokens for r in results),
                                job_cached(job, [r[2] for r in results]))}
@@ -110,12 +112,13 @@ def add_openai_routes(app: FastAPI, manager: TokenizerManager, settings: ServerS
             return StreamingResponse(stream_completions(manager, jobs, meta, include_usage),
                                      media_type="text/event-stream")
         await asyncio.gather(*(job.prefill_if_shared(manager) for job in jobs))
-        per_job = await asyncio.gather(*(asyncio.gather(*(manager.generate(job.ids, p) for p in job.params))
-                                         for job in jobs))
+        per_job = await asyncio.gather(*(asyncio.gather(*(manager.generate(job.ids, p, logprob=job.logprob)
+                                                           for p in job.params)) for job in jobs))
         choices, completion, cached = [], 0, 0
         for i, (job, results) in enumerate(zip(jobs, per_job)):
-            for j, (text, _, last) in enumerate(results):
-                choices.append({"index": i * len(job.params) + j, "text": text, "logprobs": None,
+            for j, (text, got, last) in enumerate(results):
+                choices.append({"index": i * len(job.params) + j, "text": text,
+                                "logprobs": completion_logprobs(manager, job, got),
                                 "finish_reason": finish_reason_name(last.finish_reason)})
                 completion += last.completion_tokens
             cached += job_cached(job, [r[2] for r in results])
@@ -141,15 +144,43 @@ def completion_prompts(manager: TokenizerManager, prompt) -> list[list[int]]:
     return [list(p) for p in prompt]
 
 
-async def merged(manager: TokenizerManager, streams: list[tuple[int, list[int], SamplingParams]]
+def token_entry(manager: TokenizerManager, token_id: int, logprob: float) -> dict[str, Any]:
+    text = manager.token_text(token_id)
+    return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+
+
+def chat_logprobs(manager: TokenizerManager, job: Job, got: Collected) -> dict[str, Any] | None:
+    """OpenAI chat `logprobs`: {"content": [{token, logprob, bytes, top_logprobs}, ...]}."""
+    if not job.logprob.return_logprob:
+        return None
+    tops = got.output_top if job.logprob.top_n else [[] for _ in got.ids]
+    return {"content": [token_entry(manager, t, lp) | {"top_logprobs": [token_entry(manager, i, v) for v, i in top]}
+                        for t, lp, top in zip(got.ids, got.output_logprobs, tops)]}
+
+
+def completion_logprobs(manager: TokenizerManager, job: Job, got: Collected, offset: int = 0) -> dict[str, Any] | None:
+    """OpenAI completions `logprobs`: tokens, token_logprobs, top_logprobs, text_offset."""
+    if not job.logprob.return_logprob:
+        return None
+    tokens = [manager.token_text(t) for t in got.ids]
+    offsets = []
+    for tok in tokens:
+        offsets.append(offset)
+        offset += len(tok)
+    top = ([{manager.token_text(i): v for v, i in alts} for alts in got.output_top]
+           if job.logprob.top_n else None)
+    return {"tokens": tokens, "token_logprobs": got.output_logprobs, "top_logprobs": top, "text_offset": offsets}
+
+
+async def merged(manager: TokenizerManager, streams: list[tuple[int, list[int], SamplingParams, LogprobParams]]
                  ) -> AsyncIterator[tuple[int, Chunk]]:
     """(choice index, chunk) from several requests as they arrive. Leaving early (a client that
     disconnects) cancels every request still running."""
     queue: asyncio.Queue = asyncio.Queue()
 
-    async def pump(index: int, ids: list[int], params: SamplingParams) -> None:
+    async def pump(index: int, ids: list[int], params: SamplingParams, logprob: LogprobParams) -> None:
         try:
-            async for chunk in manager.stream(ids, params):
+            async for chunk in manager.stream(ids, params, logprob=logprob):
                 await queue.put((index, chunk))
         except RadixKVError as e:
             await queue.put((index, e))
@@ -177,11 +208,13 @@ async def stream_chat(manager: TokenizerManager, job: Job, meta: dict, include_u
             yield sse({**base, "choices": [{"index": j, "delta": {"role": "assistant", "content": ""},
                                             "logprobs": None, "finish_reason": None}]})
         lasts: dict[int, Chunk] = {}
-        async for j, chunk in merged(manager, [(j, job.ids, p) for j, p in enumerate(job.params)]):
+        async for j, chunk in merged(manager, [(j, job.ids, p, job.logprob) for j, p in enumerate(job.params)]):
             chunk.raise_if_error()
-            if chunk.text:
+            if chunk.text or chunk.new_ids:
+                piece = Collected()
+                piece.add(chunk)
                 yield sse({**base, "choices": [{"index": j, "delta": {"content": chunk.text},
-                                                "logprobs": None, "finish_reason": None}]})
+                                                "logprobs": chat_logprobs(manager, job, piece), "finish_reason": None}]})
             if chunk.finished:
                 lasts[j] = chunk
                 yield sse({**base, "choices": [{"index": j, "delta": {}, "logprobs": None,
@@ -200,17 +233,21 @@ async def stream_completions(manager: TokenizerManager, jobs: list[Job], meta: d
     base = {**meta, "object": "text_completion"}
     try:
         await asyncio.gather(*(job.prefill_if_shared(manager) for job in jobs))
-        streams, owner = [], {}
+        streams, owner, offsets = [], {}, {}
         for i, job in enumerate(jobs):
             for j, p in enumerate(job.params):
                 index = i * len(job.params) + j
-                streams.append((index, job.ids, p))
+                streams.append((index, job.ids, p, job.logprob))
                 owner[index] = job
         lasts: dict[int, Chunk] = {}
         async for index, chunk in merged(manager, streams):
             chunk.raise_if_error()
-            if chunk.text or chunk.finished:
-                yield sse({**base, "choices": [{"index": index, "text": chunk.text, "logprobs": None,
+            if chunk.text or chunk.new_ids or chunk.finished:
+                piece = Collected()
+                piece.add(chunk)
+                logprobs = completion_logprobs(manager, owner[index], piece, offsets.get(index, 0))
+                offsets[index] = offsets.get(index, 0) + sum(len(manager.token_text(t)) for t in chunk.new_ids)
+                yield sse({**base, "choices": [{"index": index, "text": chunk.text, "logprobs": logprobs,
                                                 "finish_reason": finish_reason_name(chunk.finish_reason)
                                                 if chunk.finished else None}]})
             if chunk.finished:

@@ -12,6 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from radixkv.errors import InvalidRequestError
+from radixkv.sampling_params import LogprobParams
 
 
 class Strict(BaseModel):
@@ -26,10 +27,26 @@ class GenerateBody(Strict):
     sampling_params: dict[str, Any] | None = None
     stream: bool = False
     rid: str | list[str] | None = None
+    return_logprob: bool | list[bool] = False
+    logprob_start_len: int | list[int] = -1
+    top_logprobs_num: int | list[int] = 0
 
 
 class AbortBody(Strict):
     rid: str
+
+
+class TokenizeBody(Strict):
+    """POST /tokenize: `text` alone (no BOS added), or `messages` through the chat template."""
+
+    text: str | None = None
+    messages: list[dict[str, Any]] | None = None
+    add_generation_prompt: bool = True
+
+
+class DetokenizeBody(Strict):
+    input_ids: list[int]
+    skip_special_tokens: bool = False
 
 
 class StreamOptions(Strict):
@@ -79,18 +96,33 @@ class ChatCompletionBody(SamplingFields):
     messages: list[ChatMessage]
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+
+    def logprob_params(self) -> LogprobParams:
+        if self.top_logprobs and not self.logprobs:
+            raise InvalidRequestError("top_logprobs needs logprobs=true")
+        return LogprobParams(bool(self.logprobs), -1, self.top_logprobs or 0)
 
 
 class CompletionBody(SamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int | None = 16  # OpenAI's default for completions
+    logprobs: int | None = None  # how many alternatives per token (0: only the chosen token's)
+
+    def logprob_params(self) -> LogprobParams:
+        if self.logprobs is None:
+            return LogprobParams()
+        if self.logprobs < 0:
+            raise InvalidRequestError(f"logprobs={self.logprobs}: must be >= 0")
+        return LogprobParams(True, -1, self.logprobs)
 
 
 MAX_N = 16
-UNSUPPORTED_CHAT = ("logprobs", "top_logprobs", "logit_bias", "tools", "tool_choice", "parallel_tool_calls",
+UNSUPPORTED_CHAT = ("logit_bias", "tools", "tool_choice", "parallel_tool_calls",
                     "functions", "function_call", "response_format", "audio", "modalities", "prediction",
                     "store", "metadata", "service_tier", "reasoning_effort", "web_search_options")
-UNSUPPORTED_COMPLETION = ("logprobs", "echo", "best_of", "suffix", "logit_bias", "response_format")
+UNSUPPORTED_COMPLETION = ("echo", "best_of", "suffix", "logit_bias", "response_format")
 
 
 def refuse_unsupported(body: dict[str, Any], names: tuple[str, ...]) -> None:

@@ -45,6 +45,10 @@ def token_batch(outputs, params_by_rid: dict) -> TokenBatch:
         error_codes=[o.error_code for o in outputs],
         stops=[list(p.stop) if p else [] for p in params],
         skip_special_tokens=[p.skip_special_tokens if p else True for p in params],
+        output_logprobs=[o.output_logprobs for o in outputs],
+        output_top_logprobs=[o.output_top_logprobs for o in outputs],
+        input_logprobs=[o.input_logprobs for o in outputs],
+        input_top_logprobs=[o.input_top_logprobs for o in outputs],
     )
 
 
@@ -94,12 +98,13 @@ class ZmqInbox:
     def _command(self, msg):
         from radixkv.sampling_params import SamplingParams
         from radixkv.sched import Req
+        from radixkv.sampling_params import LogprobParams
         from radixkv.sched.loop import AbortRequest, AddRequest, CallScheduler, Stop
 
         if isinstance(msg, GenerateRequest):
             try:
                 req = Req(msg.rid, list(msg.input_ids), SamplingParams.from_dict(msg.sampling_params),
-                          namespace=msg.namespace)
+                          namespace=msg.namespace, logprob=LogprobParams(*msg.logprob))
             except (RadixKVError, TypeError) as e:
                 self.reject(msg.rid, str(e))
                 return None

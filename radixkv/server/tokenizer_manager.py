@@ -15,7 +15,7 @@ import asyncio
 import logging
 import uuid
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from typing import Any
 
 import zmq
@@ -34,11 +34,13 @@ from radixkv.ipc import (
     decode,
     encode,
 )
-from radixkv.sampling_params import SamplingParams
+from radixkv.results import Collected
+from radixkv.sampling_params import LogprobParams, SamplingParams
 from radixkv.server.sockets import Endpoints
 from radixkv.validation import RequestLimits, check_request
 
 logger = logging.getLogger(__name__)
+NO_LOGPROBS = LogprobParams()
 
 
 class ServiceUnavailable(RadixKVError):
@@ -61,6 +63,10 @@ class Chunk:
     latency: float | None
     error: str | None
     error_code: int
+    output_logprobs: list[float] | None = None
+    output_top_logprobs: list | None = None
+    input_logprobs: list | None = None
+    input_top_logprobs: list | None = None
 
     def meta_info(self) -> dict[str, Any]:
         return {"id": self.rid, "prompt_tokens": self.prompt_tokens, "cached_tokens": self.cached_tokens,
@@ -81,7 +87,8 @@ def chunks_of(batch: TextBatch) -> list[Chunk]:
     return [Chunk(*row) for row in zip(batch.rids, batch.texts, batch.new_ids, batch.finished,
                                         batch.finish_reasons, batch.prompt_tokens, batch.cached_tokens,
                                         batch.completion_tokens, batch.ttft, batch.latency, batch.errors,
-                                        batch.error_codes)]
+                                        batch.error_codes, batch.output_logprobs, batch.output_top_logprobs,
+                                        batch.input_logprobs, batch.input_top_logprobs)]
 
 
 class TokenizerManager:
@@ -95,6 +102,7 @@ class TokenizerManager:
         self.to_scheduler.connect(endpoints.scheduler)
         self.on_finished = on_finished
         self.queues: dict[str, asyncio.Queue[Chunk]] = {}
+        self._token_texts: dict[int, str] = {}
         self.calls: dict[str, asyncio.Future] = {}
         self.info: dict[str, Any] | None = None
         self.limits: RequestLimits | None = None
@@ -140,13 +148,21 @@ class TokenizerManager:
     def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]:
         return self.tokenizer.apply_chat_template(messages)
 
-    def check(self, input_ids: list[int], params: SamplingParams) -> None:
+    def token_text(self, token_id: int) -> str:
+        """One token as text (special tokens included), for log-prob listings."""
+        text = self._token_texts.get(token_id)
+        if text is None:
+            text = self._token_texts[token_id] = self.tokenizer.decode([token_id], skip_special_tokens=False)
+        return text
+
+    def check(self, input_ids: list[int], params: SamplingParams, logprob: LogprobParams = NO_LOGPROBS) -> None:
         """Raise `InvalidRequestError` if the request can never run (before anything is sent)."""
         self._check_alive()
         check_request(input_ids, params, self.limits)
+        logprob.check_prompt(len(input_ids))
 
     async def stream(self, input_ids: list[int], params: SamplingParams, rid: str | None = None,
-                     namespace: str | None = None) -> AsyncIterator[Chunk]:
+                     namespace: str | None = None, logprob: LogprobParams = NO_LOGPROBS) -> AsyncIterator[Chunk]:
         """Chunks of one request as they decode. Leaving early (a client that disconnects)
         aborts the request, so its pages come back."""
         self._check_alive()
@@ -157,7 +173,7 @@ class TokenizerManager:
         self.queues[rid] = queue
         finished = False
         try:
-            self._send(GenerateRequest(rid, input_ids, params.to_dict(), namespace))
+            self._send(GenerateRequest(rid, input_ids, params.to_dict(), namespace, list(astuple(logprob))))
             while not finished:
                 chunk = await queue.get()
                 finished = chunk.finished
@@ -168,16 +184,17 @@ class TokenizerManager:
                 self._send(AbortMsg(rid))
 
     async def generate(self, input_ids: list[int], params: SamplingParams, rid: str | None = None,
-                       namespace: str | None = None) -> tuple[str, list[int], Chunk]:
-        """(text, output ids, last chunk) of one request; raises its error, if any."""
-        text, ids = [], []
+                       namespace: str | None = None, logprob: LogprobParams = NO_LOGPROBS
+                       ) -> tuple[str, Collected, Chunk]:
+        """(text, everything it produced, last chunk) of one request; raises its error, if any."""
+        text, collected = [], Collected()
         last = None
-        async for chunk in self.stream(input_ids, params, rid, namespace):
+        async for chunk in self.stream(input_ids, params, rid, namespace, logprob):
             text.append(chunk.text)
-            ids.extend(chunk.new_ids)
+            collected.add(chunk)
             last = chunk
         last.raise_if_error()
-        return "".join(text), ids, last
+        return "".join(text), collected, last
 
     async def prefill(self, input_ids: list[int]) -> None:
         """Compute and cache a prompt's KV without generating (before n > 1 samples of it)."""

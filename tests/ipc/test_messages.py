@@ -19,16 +19,17 @@ from radixkv.ipc import (
 
 MESSAGES = [
     GenerateRequest("r1", [1, 2, 3], {"max_new_tokens": 4, "stop": ["\n"]}, None),
-    GenerateRequest("r2", [5], {}, "lora-a"),
+    GenerateRequest("r2", [5], {}, "lora-a", [True, 3, 2]),
     AbortMsg("r1"),
     ControlRequest("c1", "flush_cache"),
     ControlReply("c1", True, {"flushed": False}),
     SchedulerReady({"limits": {"vocab_size": 10}, "page_size": 1}),
     SchedulerFailed("model not found"),
     TokenBatch(["a", "b"], [[1], []], [False, True], [None, {"type": "stop", "matched": "é"}], [3, 4], [0, 2],
-               [1, 0], [0.1, None], [None, 0.5], [None, "boom"], [0, 500], [["\n"], []], [True, False]),
+               [1, 0], [0.1, None], [None, 0.5], [None, "boom"], [0, 500], [["\n"], []], [True, False],
+               [[-0.5], None], [[[[-0.5, 1], [-1.5, 7]]], None], [[[None, 3], [-2.25, 4]], None], [None, None]),
     TextBatch(["a"], ["héllo ✓"], [[7, 8]], [True], [{"type": "length", "length": 2}], [3], [1], [2], [0.01],
-              [0.02], [None], [0]),
+              [0.02], [None], [0], [[-0.1, -0.2]], [None], [None], [None]),
 ]
 
 

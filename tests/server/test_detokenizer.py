@@ -18,7 +18,7 @@ def tokenizer(default_engine):
 
 def batch(rid, ids, finished=False, reason=None, stop=()):
     return TokenBatch([rid], [ids], [finished], [reason], [1], [0], [len(ids)], [None], [None], [None], [0],
-                      [list(stop)], [True])
+                      [list(stop)], [True], [None], [None], [None], [None])
 
 
 def feed(detok, rid, ids, reason, stop=()):

@@ -7,7 +7,7 @@ import time
 import httpx
 import psutil
 
-from tests.server.conftest import start_server, stop_server
+from tests.server_helpers import start_server, stop_server
 
 
 def children_of(pid):

@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 PROMPTS = ["The capital of France is", "A lighthouse is", "Two plus two equals"]
 
 
@@ -76,3 +78,25 @@ def test_abort_request_stops_a_stream(server):
     assert events[-1]["meta_info"]["finish_reason"]["type"] == "abort"
     assert events[-1]["meta_info"]["completion_tokens"] < 500
     server.wait_idle()
+
+
+def test_generate_logprobs_equal_the_engine(server, default_engine):
+    kwargs = dict(return_logprob=True, logprob_start_len=2, top_logprobs_num=2)
+    expected = default_engine.generate(PROMPTS[0], greedy(5), **kwargs)["meta_info"]
+    with server.client() as c:
+        got = c.post("/generate", json={"text": PROMPTS[0], "sampling_params": greedy(5), **kwargs}).json()["meta_info"]
+    for key in ("output_token_logprobs", "input_token_logprobs", "output_top_logprobs", "input_top_logprobs"):
+        assert len(got[key]) == len(expected[key]) > 0, key
+    for (a, ta), (b, tb) in zip(got["output_token_logprobs"], expected["output_token_logprobs"]):
+        assert ta == tb and a == pytest.approx(b, abs=1e-4)
+    assert [t for _, t in got["input_token_logprobs"]] == default_engine.tokenizer.encode(PROMPTS[0])[2:]
+
+
+def test_tokenize_and_detokenize(server, default_engine):
+    with server.client() as c:
+        ids = c.post("/tokenize", json={"text": "Hello there"}).json()["input_ids"]
+        assert ids == default_engine.tokenizer.encode_segment("Hello there")
+        assert c.post("/detokenize", json={"input_ids": ids}).json()["text"] == "Hello there"
+        chat = c.post("/tokenize", json={"messages": [{"role": "user", "content": "Hi"}]}).json()["input_ids"]
+        assert chat == default_engine.tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}])
+        assert c.post("/detokenize", json={"input_ids": [10**7]}).status_code == 400

@@ -3,7 +3,7 @@
 import openai
 import pytest
 
-from tests.server.conftest import API_KEY
+from tests.server_helpers import API_KEY
 
 MODEL = "SmolLM2-135M-Instruct"
 
@@ -66,3 +66,28 @@ def test_cached_tokens_grow_over_a_three_turn_conversation(client):
         cached.append(out.usage.prompt_tokens_details.cached_tokens)
         messages.append({"role": "assistant", "content": out.choices[0].message.content})
     assert cached[1] > cached[0] and cached[2] > cached[1]
+
+
+def test_chat_logprobs_and_top_logprobs(client):
+    out = client.chat.completions.create(model=MODEL, messages=ask("Say hello."), max_tokens=6, temperature=0,
+                                         logprobs=True, top_logprobs=3)
+    content = out.choices[0].logprobs.content
+    assert len(content) == out.usage.completion_tokens
+    assert "".join(c.token for c in content).startswith(out.choices[0].message.content[:3])
+    for c in content:
+        assert c.logprob <= 0 and len(c.top_logprobs) == 3
+        assert c.top_logprobs[0].token == c.token  # greedy: the chosen token is the most likely
+        assert c.top_logprobs[0].logprob == pytest.approx(c.logprob)
+    stream = client.chat.completions.create(model=MODEL, messages=ask("Say hello."), max_tokens=6, temperature=0,
+                                            logprobs=True, stream=True)
+    streamed = [e.logprob for chunk in stream if chunk.choices and chunk.choices[0].logprobs
+                for e in chunk.choices[0].logprobs.content]
+    assert streamed == pytest.approx([c.logprob for c in content], abs=1e-4)  # the rerun hits the cache
+
+
+def test_completion_logprobs(client):
+    out = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=4, temperature=0,
+                                    logprobs=2)
+    lp = out.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == 4
+    assert "".join(lp.tokens).startswith(out.choices[0].text[:2]) and all(len(t) == 2 for t in lp.top_logprobs)

@@ -1,4 +1,5 @@
-"""Start the real server (`python -m radixkv serve`) in a subprocess on a free port."""
+"""Start the real server (`python -m radixkv serve`) in a subprocess on a free port (the
+session's `server` fixture lives in tests/conftest.py)."""
 
 import importlib.util
 import os
@@ -91,10 +92,3 @@ def stop_server(server: Server, timeout: float = 30) -> int:
     if server.proc.poll() is None:
         server.proc.send_signal(signal.SIGTERM)
     return server.proc.wait(timeout)
-
-
-@pytest.fixture(scope="session")
-def server():
-    s = start_server()
-    yield s
-    stop_server(s)
