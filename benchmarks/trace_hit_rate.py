@@ -1,6 +1,6 @@
 """Prefix-cache hit rate on a real request trace, replayed through the real RadixCache.
 
-Replays a Mooncake-format trace (default: the conversation trace in ../shared/traces) request
+Replays a Mooncake-format trace (default: the conversation trace in benchmarks/data) request
 by request through `RadixCache` + `PageAllocator` at several capacities and eviction policies,
 prints a table, saves JSON and draws hit rate vs capacity, one line per policy, with the
 unlimited-cache ceiling.
@@ -24,7 +24,7 @@ from radixkv.workloads.replay import BOUNDS, OFFLINE_POLICIES, ReplayResult, rep
 from radixkv.workloads.trace import load_trace
 
 REPO = Path(__file__).resolve().parent.parent
-DEFAULT_TRACE = REPO.parent / "shared" / "traces" / "mooncake_conversation_trace.jsonl"
+DEFAULT_TRACE = REPO / "benchmarks" / "data" / "mooncake_conversation_trace.jsonl"
 DEFAULT_CAPACITIES = "500000,1000000,2560000,5120000,10240000"
 ALL_POLICIES = [*POLICIES, *OFFLINE_POLICIES, *BOUNDS]
 DEFAULT_POLICIES = [*POLICIES, *OFFLINE_POLICIES, "inf"]

@@ -1,4 +1,4 @@
-"""The trace simulator against the reference figures of ../shared/traces/README.md."""
+"""The trace simulator against the reference figures of benchmarks/data/README.md."""
 
 from pathlib import Path
 
@@ -8,7 +8,7 @@ from radixkv.workloads.chat import ChatTraceConfig, generate_chat_trace, write_t
 from radixkv.workloads.replay import replay
 from radixkv.workloads.trace import load_trace
 
-MOONCAKE = Path(__file__).resolve().parents[3] / "shared" / "traces" / "mooncake_conversation_trace.jsonl"
+MOONCAKE = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "mooncake_conversation_trace.jsonl"
 needs_trace = pytest.mark.skipif(not MOONCAKE.is_file(), reason=f"{MOONCAKE} not present")
 
 

@@ -1,0 +1,182 @@
+"""Regenerate every figure of the README's Performance section, then the section itself.
+
+Runs each benchmark script in turn (one process each, nothing else on the machine), then reads
+their JSON results and rewrites the table between the `performance:begin` / `performance:end`
+markers of README.md (and writes it to results/performance.md). A peer that cannot run is left
+out by its script, which says why; its cells read "not run".
+
+    bash benchmarks/peers/setup.sh && python benchmarks/run_all.py     # about an hour
+    python benchmarks/run_all.py --only-table                            # re-render from results/
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+README = HERE.parent / "README.md"
+BEGIN, END = "<!-- performance:begin -->", "<!-- performance:end -->"
+SCRIPTS = [  # (script, arguments, what it measures)
+    ("roofline.py", [], "speed against the machine's limits, vs transformers"),
+    ("customer_service.py", [], "shared 2k-token system prompt, vs vLLM and transformers"),
+    ("multiturn.py", [], "multi-turn chat, closed and open loop, vs vLLM and transformers"),
+    ("frontend_fork.py", [], "fork-and-join program vs independent requests"),
+    ("server_throughput.py", [], "server vs in-process Engine"),
+    ("mooncake_e2e.py", [], "Mooncake trace end to end vs the simulator"),
+    ("trace_hit_rate.py", [], "Mooncake trace through the cache simulator"),
+]
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--only-table", action="store_true", help="only re-render the table from results/")
+    p.add_argument("--skip", default="", help="comma-separated scripts to leave out (e.g. trace_hit_rate.py)")
+    return p.parse_args(argv)
+
+
+def load(name: str) -> dict | None:
+    path = RESULTS / name
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def when(d: dict | None) -> str:
+    if not d:
+        return "not run"
+    return f"{d['date'][:10]}, {d['threads']} threads, torch {d['torch']}"
+
+
+def f(x, fmt="{:.2f}", none="not run"):
+    return none if x is None else fmt.format(x)
+
+
+def table() -> str:
+    roof, cs, mt = load("roofline.json"), load("customer_service.json"), load("multiturn.json")
+    fork, srv, moon, sim = (load("frontend_fork.json"), load("server_throughput.json"), load("mooncake_e2e.json"),
+                            load("trace_hit_rate.json"))
+    rows = []  # workload, radixkv, peers, ratio, limit, command, when
+
+    if roof:
+        r = {row["workload"]: row for row in roof["rows"]}
+        for key, label in (("cold prefill 2048", "Cold prefill, 2,048-token prompt (s)"),
+                           ("warm TTFT 1958+90", "Warm TTFT, 1,958 cached + 90 new (s)")):
+            if key in r:
+                x = r[key]
+                rows.append((label, f(x["radixkv_s"], "{:.3f}"), f"transformers {f(x.get('transformers_s'), '{:.3f}')}",
+                             f(x.get("radixkv_vs_transformers_speed"), "{:.2f}x faster"), f(x["limit_s"], "{:.3f}"),
+                             "`python benchmarks/roofline.py`", when(roof)))
+        for key, label in (("decode b=1 ctx=32", "Decode, batch 1 (tok/s)"), ("decode b=8 ctx=32", "Decode, batch 8 (tok/s)"),
+                           ("decode b=32 ctx=2048", "Decode, batch 32 on one 2k-token prompt (tok/s)")):
+            if key in r:
+                x, b = r[key], int(key.split("b=")[1].split()[0])
+                rows.append((label, f(b / x["radixkv_s"], "{:.1f}"),
+                             f"transformers {f(b / x['transformers_s'], '{:.1f}') if x.get('transformers_s') else 'not run'}",
+                             f(x.get("radixkv_vs_transformers_speed"), "{:.2f}x faster"), f(b / x["limit_s"], "{:.1f}"),
+                             "`python benchmarks/roofline.py`", when(roof)))
+    if cs:
+        res, limit = cs["results"], cs["limit"]
+        vllm = {k: v for k, v in res.items() if k.startswith("vllm")}
+        best = min(vllm, key=lambda k: vllm[k]["warm_ttft"]) if vllm else None
+        ours = res.get("radixkv")
+        if ours:
+            share = limit["uncached_share_of_prefill_work"]
+            peers = "; ".join([f"{best} {vllm[best]['warm_ttft']:.3f}"] if best else ["vLLM not run"]) + \
+                f"; transformers {f(res.get('transformers', {}).get('warm_ttft'), '{:.3f}')} (no cache); " \
+                f"radixkv without cache {f(res.get('radixkv-no-cache', {}).get('warm_ttft'), '{:.3f}')}"
+            ratio = f"{ours['warm_ttft'] / vllm[best]['warm_ttft']:.2f}x vLLM's" if best else "-"
+            rows.append(("Customer service: warm TTFT, 2k-token system prompt cached (s)", f"{ours['warm_ttft']:.3f}",
+                         peers, ratio, f"{share * ours['cold_ttft']:.3f} ({share:.1%} of cold)",
+                         "`python benchmarks/customer_service.py`", when(cs)))
+            top = max(vllm, key=lambda k: vllm[k]["concurrent"]["output_tok_s"]) if vllm else None
+            peers = "; ".join([f"{top} {vllm[top]['concurrent']['output_tok_s']:.1f}"] if top else ["vLLM not run"]) + \
+                f"; transformers {f(res.get('transformers', {}).get('concurrent', {}).get('output_tok_s'), '{:.1f}')}"
+            ratio = f"{ours['concurrent']['output_tok_s'] / vllm[top]['concurrent']['output_tok_s']:.2f}x vLLM's" if top else "-"
+            rows.append(("Customer service: 16 concurrent requests (output tok/s)",
+                         f"{ours['concurrent']['output_tok_s']:.1f} (TTFT p50 {ours['concurrent']['ttft_p50']:.2f} s)",
+                         peers, ratio, "-", "`python benchmarks/customer_service.py`", when(cs)))
+    if mt:
+        closed, opened = mt["closed_loop"], mt["open_loop"]
+        ours = closed.get("radixkv-lpm")
+        vllm = {k: v for k, v in closed.items() if k.startswith("vllm")}
+        best = min(vllm, key=lambda k: vllm[k]["seconds"]) if vllm else None
+        limit = None
+        if roof:
+            limit = next((row["limit_s"] for row in roof["rows"] if row["workload"].startswith("multi-turn")), None)
+        if ours:
+            peers = "; ".join([f"{best} {vllm[best]['seconds']:.1f}"] if best else ["vLLM not run"]) + \
+                f"; transformers batched per turn {f(closed.get('transformers', {}).get('seconds'), '{:.1f}')}"
+            ratio = f"{ours['seconds'] / vllm[best]['seconds']:.2f}x vLLM's" if best else "-"
+            rows.append(("Multi-turn chat, 8 users x 4 turns, closed loop (wall s)",
+                         f"{ours['seconds']:.1f} (hit {ours['hit_rate']:.0%})", peers, ratio, f(limit, "{:.1f}", "-"),
+                         "`python benchmarks/multiturn.py`", when(mt)))
+        o = opened.get("radixkv-lpm")
+        if o:
+            vo = {k: v for k, v in opened.items() if k.startswith("vllm")}
+            bo = min(vo, key=lambda k: vo[k]["ttft_p50"]) if vo else None
+            peers = f"{bo} {vo[bo]['ttft_p50']:.2f} / {vo[bo]['ttft_p90']:.2f}" if bo else "vLLM not run"
+            rows.append(("Multi-turn chat, open loop, Poisson arrivals (TTFT p50 / p90 s)",
+                         f"{o['ttft_p50']:.2f} / {o['ttft_p90']:.2f} (hit {o['hit_rate']:.0%})", peers,
+                         f"{o['ttft_p50'] / vo[bo]['ttft_p50']:.2f}x vLLM's p50" if bo else "-", "-",
+                         "`python benchmarks/multiturn.py`", when(mt)))
+    if fork:
+        m = fork["median_seconds"]
+        rows.append(("Fork program: 1k-token trunk, 4 branches, join (s)", f"{m['dsl']:.2f} (hit {fork['dsl_hit_rate']:.0%})",
+                     f"independent requests, cache off {m['independent, cache off']:.2f}; cache on "
+                     f"{m['independent, cache on']:.2f}", f"{fork['speedup_vs_independent_cache_off']:.2f}x faster than "
+                     "cache off", "-", "`python benchmarks/frontend_fork.py`", when(fork)))
+    if srv:
+        rows.append(("Server vs in-process Engine: multi-turn throughput; added latency per request",
+                     f"{srv['server_vs_engine_throughput']:.2f}x; {srv['added_latency_median_ms']:.1f} ms",
+                     "in-process Engine", "-", "-", "`python benchmarks/server_throughput.py`", when(srv)))
+    if moon:
+        rows.append(("Mooncake trace end to end: hit rate, server vs simulator",
+                     f"{moon['server']['hit_rate']:.1%} (TTFT p50 {moon['server']['ttft_p50']:.2f} s)",
+                     f"simulator {moon['predicted_hit_rate']:.1%}", f"{moon['gap_points']:+.2f} points", "-",
+                     "`python benchmarks/mooncake_e2e.py`", when(moon)))
+    if sim:
+        lru = [r for r in sim.get("runs", []) if r.get("policy") == "lru" and abs(r.get("capacity_tokens", 0) - 5_120_000) < 512]
+        if lru:
+            rows.append(("Mooncake trace, cache simulator: LRU hit rate at 10,000 pages of 512", f"{lru[0]['hit_rate']:.1%}",
+                         "reference 21.5 %", "-", "37.4 % (unlimited)", "`python benchmarks/trace_hit_rate.py`", when(sim)))
+    head = ("| workload | radixkv | peers | ratio | machine limit | command | measured |\n"
+            "|---|---|---|---|---|---|---|\n")
+    return head + "".join("| " + " | ".join(row) + " |\n" for row in rows)
+
+
+def rewrite_readme(text: str) -> None:
+    readme = README.read_text()
+    if BEGIN not in readme or END not in readme:
+        print(f"README.md has no {BEGIN} ... {END} markers: table written to results/performance.md only")
+        return
+    head, rest = readme.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    README.write_text(f"{head}{BEGIN}\n{text}{END}{tail}")
+    print("README.md: Performance table rewritten")
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    skip = {s for s in args.skip.split(",") if s}
+    if not args.only_table:
+        for script, extra, what in SCRIPTS:
+            if script in skip:
+                continue
+            print(f"\n=== {script}: {what}", flush=True)
+            start = time.perf_counter()
+            code = subprocess.run([sys.executable, str(HERE / script), *extra], cwd=HERE).returncode
+            print(f"=== {script}: exit {code} after {time.perf_counter() - start:.0f} s", flush=True)
+    text = table()
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "performance.md").write_text(text)
+    print(text)
+    rewrite_readme(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
