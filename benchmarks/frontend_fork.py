@@ -21,7 +21,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from _report import RESULTS, machine, save_json
+from _report import RESULTS, bar_plot, machine, save_json
 
 PROSE = Path(__file__).resolve().parent / "data" / "prose.txt"
 
@@ -113,6 +113,7 @@ def main(argv=None) -> int:
                           "trunk_tokens": len(branch_prompt), "join_prompt_tokens": len(summary_prompt),
                           "seconds": times, "median_seconds": med, "dsl_hit_rate": hit,
                           "speedup_vs_independent_cache_off": med["independent, cache off"] / med["dsl"]})
+    bar_plot(args.json.with_suffix(".png"), "fork-and-join program (lower is better)", "median wall time (s)", med)
     cached_engine.shutdown()
     plain_engine.shutdown()
     return 0

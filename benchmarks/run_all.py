@@ -48,7 +48,7 @@ def load(name: str) -> dict | None:
 def when(d: dict | None) -> str:
     if not d:
         return "not run"
-    return f"{d['date'][:10]}, {d['threads']} threads, torch {d['torch']}"
+    return f"{d['date'][:10]}, {d.get('cpu') or 'CPU not recorded'}, {d['threads']} threads"
 
 
 def f(x, fmt="{:.2f}", none="not run"):

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import httpx
 
-from _report import RESULTS, machine, save_json
+from _report import RESULTS, bar_plot, machine, save_json
 
 PROSE = Path(__file__).resolve().parent / "data" / "prose.txt"
 
@@ -179,6 +179,8 @@ def main(argv=None) -> int:
           f"time); greedy tokens identical: {same}")
     save_json(args.json, {**machine(), "conversations": args.conversations, "turns": args.turns,
                           "answer_tokens": args.answer_tokens, **rows})
+    bar_plot(args.json.with_suffix(".png"), "multi-turn through the server vs in process (lower is better)",
+             "wall time (s)", {"Engine (in process)": eng["seconds"], "server (HTTP + ZMQ)": srv["seconds"]})
     return 0
 
 
