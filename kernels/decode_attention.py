@@ -3,6 +3,7 @@
 Stage 1 splits each request's visible KV range into `num_kv_splits` chunks; one program owns one
 (request, KV head, chunk) and all `group` query heads of that KV head, so each K/V tile is read
 once. It writes a partial output and its log-sum-exp in fp32. Stage 2 merges the chunks.
+Quantised pools (int8, int4, fp8) are dequantised tile by tile as stage 1 loads them.
 """
 
 import math
@@ -11,17 +12,18 @@ import torch
 import triton
 import triton.language as tl
 
-from ._triton_utils import block_d, check_paged_args, dot_fp32, dot_precision, interpreting, load_kv_tile, online_softmax_step
+from ._triton_utils import (block_d, check_kv_format, check_paged_args, dot_fp32, dot_precision,
+                            interpreting, load_kv_tile, online_softmax_step)
 
 
 @triton.jit
 def _decode_partial_kernel(
-    q, k_buffer, v_buffer, partial_o, partial_lse, req_to_token,
+    q, k_buffer, v_buffer, k_scale, v_scale, partial_o, partial_lse, req_to_token,
     req_pool_indices, seq_lens,
-    stride_q_b, stride_q_h, stride_buf_s, stride_buf_h, stride_req,
+    stride_q_b, stride_q_h, stride_buf_s, stride_buf_h, stride_sc_s, stride_sc_h, stride_req,
     stride_po_b, stride_po_h, stride_po_s, stride_lse_b, stride_lse_h,
-    qk_scale, window, group, head_dim,
-    HAS_WINDOW: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+    qk_scale, window, group, head_dim, scale_group,
+    KV_FORMAT: tl.constexpr, HAS_WINDOW: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     b = tl.program_id(0)
@@ -55,11 +57,16 @@ def _decode_partial_kernel(
     l_i = tl.zeros((BLOCK_H,), tl.float32)  # (BLOCK_H,) running denominator
     acc = tl.zeros((BLOCK_H, BLOCK_D), tl.float32)  # (BLOCK_H, BLOCK_D)
     kv_off = kv_head * stride_buf_h
+    sc_off = kv_head * stride_sc_h
     for n0 in range(chunk_lo, chunk_hi, BLOCK_N):
         kv_pos = n0 + offs_n  # (BLOCK_N,)
         mask_n = kv_pos < chunk_hi
-        k_tile, v_tile = load_kv_tile(k_buffer, v_buffer, req_to_token, stride_req, req_row, kv_pos,
-                                      mask_n, stride_buf_s, kv_off, offs_d, mask_d, DOT_FP32)
+        k_tile, v_tile = load_kv_tile(k_buffer, v_buffer, k_scale, v_scale, req_to_token, stride_req,
+                                      req_row, kv_pos, mask_n, stride_buf_s, kv_off, stride_sc_s,
+                                      sc_off, offs_d, mask_d, scale_group, KV_FORMAT)  # fp32
+        # (BLOCK_N, BLOCK_D) each, cast to the dot dtype: fp32, or q's fp16/bf16 for tensor cores
+        k_tile = k_tile.to(q_tile.dtype)
+        v_tile = v_tile.to(q_tile.dtype)
         s = tl.dot(q_tile, tl.trans(k_tile), input_precision=DOT_PRECISION) * qk_scale  # (BLOCK_H, BLOCK_N)
         s = tl.where(mask_n[None, :], s, float("-inf"))
         m_i, l_i, acc = online_softmax_step(m_i, l_i, acc, s, v_tile, DOT_PRECISION)
@@ -119,6 +126,11 @@ def decode_attention(
     sm_scale: float,
     sliding_window: int | None = None,
     num_kv_splits: int | None = None,
+    *,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+    kv_format: str = "dense",
+    group: int = 0,
 ) -> torch.Tensor:
     """Attention of one query per request (at position seq_lens[b] - 1) over its paged KV.
 
@@ -127,11 +139,13 @@ def decode_attention(
     seq_lens: (B,) int32 KV length in tokens including the new token (>= 1);
     sm_scale: softmax scale; sliding_window: in tokens (the query sees the last `window`
     positions); num_kv_splits: chunks per request (None: `default_num_kv_splits`).
+    kv_format, k_scale, v_scale, group: the storage format, as in `extend_attention`.
     Returns o: (B, Hq, D) in q's dtype.
     """
     batch_size, num_q_heads, head_dim = q.shape
     num_kv_heads = k_buffer.shape[1]
-    group = check_paged_args(q, k_buffer, v_buffer, req_to_token)
+    kv_code = check_kv_format(kv_format, k_buffer, v_buffer, k_scale, v_scale, head_dim, group)
+    q_per_kv = check_paged_args(q, k_buffer, v_buffer, req_to_token)  # query heads per KV head
     o = torch.empty_like(q)  # (B, Hq, D)
     if batch_size == 0:
         return o
@@ -143,19 +157,22 @@ def decode_attention(
 
     bd = block_d(head_dim)
     if interpreting():
-        block_h, block_n, launch = triton.next_power_of_2(group), 128, {}
+        block_h, block_n, launch = triton.next_power_of_2(q_per_kv), 128, {}
     else:
         # tl.dot needs every dim >= 16 when compiled; padding heads are masked.
-        block_h, block_n = max(16, triton.next_power_of_2(group)), 64
+        block_h, block_n = max(16, triton.next_power_of_2(q_per_kv)), 64
         launch = {"num_warps": 4, "num_stages": 2}
+    stride_sc = k_scale.stride()[:2] if k_scale is not None else (0, 0)
     _decode_partial_kernel[(batch_size, num_kv_heads, splits)](
-        q, k_buffer, v_buffer, partial_o, partial_lse, req_to_token,
+        q, k_buffer, v_buffer, k_scale, v_scale, partial_o, partial_lse, req_to_token,
         req_pool_indices, seq_lens,
-        q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1), req_to_token.stride(0),
+        q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1), *stride_sc,
+        req_to_token.stride(0),
         partial_o.stride(0), partial_o.stride(1), partial_o.stride(2),
         partial_lse.stride(0), partial_lse.stride(1),
-        sm_scale * math.log2(math.e), sliding_window or 0, group, head_dim,
-        HAS_WINDOW=sliding_window is not None, BLOCK_H=block_h, BLOCK_N=block_n, BLOCK_D=bd,
+        sm_scale * math.log2(math.e), sliding_window or 0, q_per_kv, head_dim, max(group, 1),
+        KV_FORMAT=kv_code, HAS_WINDOW=sliding_window is not None,
+        BLOCK_H=block_h, BLOCK_N=block_n, BLOCK_D=bd,
         DOT_FP32=dot_fp32(q.dtype), DOT_PRECISION=dot_precision(q.dtype),
         **launch,
     )

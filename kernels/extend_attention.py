@@ -2,7 +2,8 @@
 
 Each program owns one request, one block of its new tokens and one KV head. Its BLOCK_M query rows
 are (token, head-in-group) pairs, so the `group` query heads that share a KV head read each K/V
-tile once ("packed GQA"); KV heads are never repeated in memory.
+tile once ("packed GQA"); KV heads are never repeated in memory. Quantised pools (int8, int4,
+fp8) are dequantised tile by tile as they are loaded (`_triton_utils.load_dequantised`).
 """
 
 import math
@@ -11,17 +12,18 @@ import torch
 import triton
 import triton.language as tl
 
-from ._triton_utils import block_d, check_paged_args, dot_fp32, dot_precision, interpreting, load_kv_tile, online_softmax_step
+from ._triton_utils import (block_d, check_kv_format, check_paged_args, dot_fp32, dot_precision,
+                            interpreting, load_kv_tile, online_softmax_step)
 
 
 @triton.jit
 def _extend_attention_kernel(
-    q, k_buffer, v_buffer, o, req_to_token,
+    q, k_buffer, v_buffer, k_scale, v_scale, o, req_to_token,
     req_pool_indices, seq_lens, prefix_lens, extend_start_loc,
     stride_q_t, stride_q_h, stride_o_t, stride_o_h,
-    stride_buf_s, stride_buf_h, stride_req,
-    qk_scale, window, group, head_dim,
-    HAS_WINDOW: tl.constexpr, GROUP_P: tl.constexpr,
+    stride_buf_s, stride_buf_h, stride_sc_s, stride_sc_h, stride_req,
+    qk_scale, window, group, head_dim, scale_group,
+    KV_FORMAT: tl.constexpr, HAS_WINDOW: tl.constexpr, GROUP_P: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
@@ -62,11 +64,16 @@ def _extend_attention_kernel(
     if HAS_WINDOW:
         kv_lo = tl.maximum(prefix_len + t0 - window + 1, 0)
     kv_off = kv_head * stride_buf_h
+    sc_off = kv_head * stride_sc_h
     for n0 in range(kv_lo, kv_hi, BLOCK_N):
         kv_pos = n0 + offs_n  # (BLOCK_N,)
         mask_n = kv_pos < kv_hi
-        k_tile, v_tile = load_kv_tile(k_buffer, v_buffer, req_to_token, stride_req, req_row, kv_pos,
-                                      mask_n, stride_buf_s, kv_off, offs_d, mask_d, DOT_FP32)
+        k_tile, v_tile = load_kv_tile(k_buffer, v_buffer, k_scale, v_scale, req_to_token, stride_req,
+                                      req_row, kv_pos, mask_n, stride_buf_s, kv_off, stride_sc_s,
+                                      sc_off, offs_d, mask_d, scale_group, KV_FORMAT)  # fp32
+        # (BLOCK_N, BLOCK_D) each, cast to the dot dtype: fp32, or q's fp16/bf16 for tensor cores
+        k_tile = k_tile.to(q_tile.dtype)
+        v_tile = v_tile.to(q_tile.dtype)
         s = tl.dot(q_tile, tl.trans(k_tile), input_precision=DOT_PRECISION) * qk_scale  # (BLOCK_M, BLOCK_N)
         visible = mask_n[None, :] & (kv_pos[None, :] <= q_pos[:, None])  # (BLOCK_M, BLOCK_N)
         if HAS_WINDOW:
@@ -91,6 +98,11 @@ def extend_attention(
     max_extend_len: int,
     sm_scale: float,
     sliding_window: int | None = None,
+    *,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+    kv_format: str = "dense",
+    group: int = 0,
 ) -> torch.Tensor:
     """Causal attention of the new tokens of B requests over their whole KV (prefix + new).
 
@@ -101,16 +113,20 @@ def extend_attention(
     max_extend_len: max(seq_lens - prefix_lens) in tokens (sizes the grid, no device sync);
     sm_scale: softmax scale, usually D ** -0.5; sliding_window: in tokens, a query at position i
     sees kv positions j with i - window < j <= i.
+    kv_format: how the buffers store K/V ("dense": float or fp8 values; "int8": codes with
+    k_scale, v_scale (num_slots, H_kv); "int4": (num_slots, H_kv, D/2) packed bytes with scales
+    (num_slots, H_kv, D/group), `group` values per scale), as `KVPool.kernel_buffers` gives them.
     Returns o: (T, Hq, D) in q's dtype.
     """
     num_tokens, num_q_heads, head_dim = q.shape
     num_kv_heads = k_buffer.shape[1]
-    group = check_paged_args(q, k_buffer, v_buffer, req_to_token)
+    kv_code = check_kv_format(kv_format, k_buffer, v_buffer, k_scale, v_scale, head_dim, group)
+    q_per_kv = check_paged_args(q, k_buffer, v_buffer, req_to_token)  # query heads per KV head
     o = torch.empty_like(q)  # (T, Hq, D)
     if num_tokens == 0 or max_extend_len == 0:
         return o
 
-    group_p = triton.next_power_of_2(group)
+    group_p = triton.next_power_of_2(q_per_kv)
     bd = block_d(head_dim)
     if interpreting():
         # Interpreter cost is programs x loop iterations: few, large blocks.
@@ -120,13 +136,14 @@ def extend_attention(
         launch = {"num_warps": 4, "num_stages": 2}
     block_t = block_m // group_p
     grid = (seq_lens.shape[0], triton.cdiv(max_extend_len, block_t), num_kv_heads)
+    stride_sc = k_scale.stride()[:2] if k_scale is not None else (0, 0)
     _extend_attention_kernel[grid](
-        q, k_buffer, v_buffer, o, req_to_token,
+        q, k_buffer, v_buffer, k_scale, v_scale, o, req_to_token,
         req_pool_indices, seq_lens, prefix_lens, extend_start_loc,
         q.stride(0), q.stride(1), o.stride(0), o.stride(1),
-        k_buffer.stride(0), k_buffer.stride(1), req_to_token.stride(0),
-        sm_scale * math.log2(math.e), sliding_window or 0, group, head_dim,
-        HAS_WINDOW=sliding_window is not None, GROUP_P=group_p,
+        k_buffer.stride(0), k_buffer.stride(1), *stride_sc, req_to_token.stride(0),
+        sm_scale * math.log2(math.e), sliding_window or 0, q_per_kv, head_dim, max(group, 1),
+        KV_FORMAT=kv_code, HAS_WINDOW=sliding_window is not None, GROUP_P=group_p,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=bd,
         DOT_FP32=dot_fp32(q.dtype), DOT_PRECISION=dot_precision(q.dtype),
         **launch,

@@ -3,6 +3,7 @@
     radixkv serve                                          # HTTP server: native + OpenAI API
     radixkv generate "What is the capital of France?"     # one answer, streamed
     radixkv chat                                           # terminal chat, cached tokens per turn
+    radixkv kv-size default --dtype all --memory 24GiB     # what the KV cache of a model costs
     radixkv serve --help                                   # every flag, explained
 """
 
@@ -105,7 +106,67 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--system", default=None, help="system prompt for the conversation")
     add_sampling_flags(chat)
     add_engine_flags(chat)
+    add_kv_size_parser(sub)
     return parser
+
+
+def _flag_type(parse, what: str):
+    """An argparse `type` turning a ConfigError into a usage error that names the flag."""
+    def convert(text: str):
+        from radixkv.errors import ConfigError
+
+        try:
+            return parse(text)
+        except ConfigError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    convert.__name__ = what
+    return convert
+
+
+def _kv_dtypes(text: str) -> list[str]:
+    from radixkv.kv_size import KV_DTYPES, canonical_kv_dtype
+
+    if text.strip().lower() == "all":
+        return list(KV_DTYPES)
+    return [canonical_kv_dtype(name) for name in text.split(",")]
+
+
+def _positive_int(text: str) -> int:
+    from radixkv.errors import ConfigError
+
+    if not text.strip().isdigit() or int(text) < 1:
+        raise ConfigError(f"expected a positive integer, got {text!r}")
+    return int(text)
+
+
+def add_kv_size_parser(sub) -> None:
+    from radixkv.kv_size import DEFAULT_CONTEXT, INT4_GROUP, KV_DTYPES, parse_size
+
+    kv = sub.add_parser(
+        "kv-size", help="how much KV cache a model needs per token, per request, per memory",
+        description="Compute a model's KV-cache size from its config.json alone (no weights are read): "
+                    "bytes per token, per request and per batch, and how many tokens fit a memory. "
+                    "Understands MHA/GQA/MQA and DeepSeek-style MLA (one latent per layer). int8 stores "
+                    f"one float32 scale per token per KV head; int4 one per {INT4_GROUP} elements of "
+                    "head_dim. Sizes ignore page rounding and the pool's padding page.")
+    kv.add_argument("model", metavar="MODEL_OR_CONFIG",
+                    help="a model directory, a config.json file, or 'default' (the runtime's default "
+                         "model, SmolLM2-135M-Instruct)")
+    kv.add_argument("--dtype", type=_flag_type(_kv_dtypes, "KV dtype list"), default=["auto"],
+                    metavar="DTYPE[,DTYPE...]|all",
+                    help=f"KV dtype(s), comma-separated, or 'all' (every one but auto); each one of "
+                         f"auto (the config's torch_dtype, float32 if absent), {', '.join(KV_DTYPES)} "
+                         "(default: auto)")
+    kv.add_argument("--context", type=_flag_type(_positive_int, "token count"), default=None,
+                    metavar="N", help="tokens per request (default: the config's "
+                                      f"max_position_embeddings, else {DEFAULT_CONTEXT})")
+    kv.add_argument("--batch", type=_flag_type(_positive_int, "request count"), default=1, metavar="B",
+                    help="requests held at once; adds a column with B requests of N tokens (default: 1)")
+    kv.add_argument("--memory", type=_flag_type(parse_size, "size"), default=None, metavar="SIZE",
+                    help="memory for KV, e.g. 24GiB, 80GB, 512MiB or plain bytes (KB/MB/GB: powers of "
+                         "1000; KiB/MiB/GiB: of 1024); adds how many tokens and requests fit "
+                         "(default: not shown)")
+    kv.add_argument("--json", action="store_true", help="print the sizes as JSON instead of a table")
 
 
 def make_engine(args: argparse.Namespace):
@@ -196,6 +257,23 @@ def run_serve(args: argparse.Namespace) -> int:
                  served_model_name=args.served_model_name, max_body_bytes=args.max_body_bytes)
 
 
+def run_kv_size(args: argparse.Namespace) -> int:
+    import json
+
+    from radixkv import kv_size
+
+    source = args.model
+    if source == "default":
+        from radixkv.model.loader import resolve_model_dir
+
+        source = resolve_model_dir(None)
+    geometry = kv_size.read_kv_geometry(source)
+    report = kv_size.kv_report(geometry, args.dtype, context=args.context, batch=args.batch,
+                               memory_bytes=args.memory)
+    print(json.dumps(report, indent=2) if args.json else kv_size.format_report(report))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -205,7 +283,8 @@ def main(argv: list[str] | None = None) -> int:
     from radixkv.errors import ConfigError, InvalidRequestError, ModelLoadError
 
     try:
-        return {"generate": run_generate, "chat": run_chat, "serve": run_serve}[args.command](args)
+        return {"generate": run_generate, "chat": run_chat, "serve": run_serve,
+                "kv-size": run_kv_size}[args.command](args)
     except (ConfigError, ModelLoadError, InvalidRequestError) as e:
         print(f"radixkv: error: {e}", file=sys.stderr)
         return 2

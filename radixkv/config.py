@@ -40,6 +40,10 @@ class EngineConfig:
                                   "reference (masked SDPA: slow, the ground truth for debugging)")
     num_threads: int | None = _opt(None, "torch compute threads of the model (default: the cores this "
                                    "process may use, from its CPU affinity)")
+    kv_cache_dtype: str = _opt("auto", "how the KV pool stores K and V: auto (the model dtype), float32, "
+                               "fp16, bf16, fp8_e4m3, fp8_e5m2, int8 (a scale per token and KV head) "
+                               "or int4 (a scale per 32 values); fewer bytes per token hold more "
+                               "tokens in the same memory")
     page_size: int = _opt(1, "tokens per KV page; prefix matches and eviction are page-aligned")
     max_total_tokens: int | None = _opt(None, "KV pool size in tokens (default: kv_mem_fraction of "
                                         "free memory)")
@@ -54,6 +58,11 @@ class EngineConfig:
     schedule_policy: str = _opt("lpm", "admission order: lpm (longest cached prefix first), fcfs, "
                                 "dfs-weight")
     eviction_policy: str = _opt("lru", "which cached prefixes go first when KV runs short")
+    host_kv_size: str | None = _opt(None, "host-memory tier for prefixes evicted from the KV pool, in "
+                                    "tokens (200000) or bytes (2GiB); a later request copies them back "
+                                    "instead of recomputing them (default: off)")
+    host_write_policy: str = _opt("write-back", "when prefixes reach the host tier: write-back (on "
+                                  "eviction) or write-through (as soon as they are cached)")
     disable_radix_cache: bool = _opt(False, "no prefix sharing: every prompt is computed in full")
     starvation_limit: int = _opt(32, "lpm: a request passed over this many times is admitted first")
     retract_decode_steps: int = _opt(32, "decode steps of KV headroom kept per running request "
@@ -76,6 +85,9 @@ class EngineConfig:
               "must be auto, torch, triton or reference")
         check(self.num_threads is None or (isinstance(self.num_threads, int) and self.num_threads >= 1),
               "num_threads", "must be a positive integer (or unset: the usable cores)")
+        from radixkv.mem.kv_quant import KV_CACHE_DTYPES
+
+        check(self.kv_cache_dtype in KV_CACHE_DTYPES, "kv_cache_dtype", f"must be one of {list(KV_CACHE_DTYPES)}")
         check(self.page_size >= 1, "page_size", "must be >= 1")
         check(self.max_total_tokens is None or self.max_total_tokens >= self.page_size,
               "max_total_tokens", "must be at least one page")
@@ -89,6 +101,13 @@ class EngineConfig:
         from radixkv.mem.eviction import POLICIES
 
         check(self.eviction_policy in POLICIES, "eviction_policy", f"must be one of {sorted(POLICIES)}")
+        if self.host_kv_size is not None:
+            from radixkv.mem.host_tier import parse_host_size
+
+            parse_host_size(self.host_kv_size)
+            check(not self.disable_radix_cache, "host_kv_size", "needs the radix cache (disable_radix_cache is set)")
+        check(self.host_write_policy in ("write-back", "write-through"), "host_write_policy",
+              "must be write-back or write-through")
         check(self.starvation_limit >= 1, "starvation_limit", "must be >= 1")
         check(self.retract_decode_steps >= 1, "retract_decode_steps", "must be >= 1")
         check(self.log_level in LOG_LEVELS, "log_level", f"must be one of {LOG_LEVELS}")

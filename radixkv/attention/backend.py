@@ -58,16 +58,11 @@ class AttentionBackend(ABC):
     ) -> torch.Tensor:  # (T, Hq, D)
         if fb is not self._fb:
             raise RuntimeError("attention called outside begin_forward() of this batch")
-        k_buf = self.pool.k_slots(layer)  # (S, Hkv, D)
-        v_buf = self.pool.v_slots(layer)  # (S, Hkv, D)
-        self.store_kv(k_buf, v_buf, fb.out_cache_loc, k, v)
-        return self.attend(q, k, v, k_buf, v_buf, sm_scale, sliding_window, fb)
+        self.pool.store(layer, fb.out_cache_loc, k, v)  # the pool's one store path
+        return self.attend(q, k, v, layer, sm_scale, sliding_window, fb)
 
     @abstractmethod
-    def store_kv(self, k_buf, v_buf, loc, k, v) -> None: ...
-
-    @abstractmethod
-    def attend(self, q, k, v, k_buf, v_buf, sm_scale, sliding_window, fb) -> torch.Tensor:
+    def attend(self, q, k, v, layer, sm_scale, sliding_window, fb) -> torch.Tensor:
         """Attention of the new tokens `q` (their K/V `k`, `v` already stored) -> (T, Hq, D)."""
 
 
@@ -87,10 +82,9 @@ class ReferenceBackend(AttentionBackend):
         super().begin_forward(fb)
         self._plans = {}
 
-    def store_kv(self, k_buf, v_buf, loc, k, v) -> None:
-        self.ref.store_kv(k_buf, v_buf, loc, k, v)
-
-    def attend(self, q, k, v, k_buf, v_buf, sm_scale, sliding_window, fb):
+    def attend(self, q, k, v, layer, sm_scale, sliding_window, fb):
+        # the pool's read views: the raw tensors, or views dequantising the slots gathered
+        k_buf, v_buf = self.pool.k_view(layer), self.pool.v_view(layer)  # (S, Hkv, D)
         plan = self._plans.get(sliding_window)
         if fb.mode is ForwardMode.DECODE:
             if plan is None:
@@ -118,17 +112,14 @@ class TorchBackend(ReferenceBackend):
         super().begin_forward(fb)
         self._sdpa_plan = None
 
-    def store_kv(self, k_buf, v_buf, loc, k, v) -> None:
-        k_buf.index_copy_(0, loc, k.to(k_buf.dtype))  # (T, Hkv, D) into slots
-        v_buf.index_copy_(0, loc, v.to(v_buf.dtype))
-
-    def attend(self, q, k, v, k_buf, v_buf, sm_scale, sliding_window, fb):
+    def attend(self, q, k, v, layer, sm_scale, sliding_window, fb):
         if sliding_window is not None or not self.fused:
-            return super().attend(q, k, v, k_buf, v_buf, sm_scale, sliding_window, fb)
+            return super().attend(q, k, v, layer, sm_scale, sliding_window, fb)
         if self._sdpa_plan is None:
             self._sdpa_plan = sdpa_paged.plan(self.req_to_token, fb.req_pool_indices, fb.seq_lens,
                                               fb.prefix_lens, fb.extend_start_loc, fb.num_tokens)
-        return sdpa_paged.attention(q, k, v, k_buf, v_buf, self._sdpa_plan, sm_scale)
+        return sdpa_paged.attention(q, k, v, self.pool.k_view(layer), self.pool.v_view(layer),
+                                    self._sdpa_plan, sm_scale, fb.out_cache_loc)
 
 
 class TritonBackend(AttentionBackend):
@@ -147,17 +138,17 @@ class TritonBackend(AttentionBackend):
 
         self.kernels = kernels
 
-    def store_kv(self, k_buf, v_buf, loc, k, v) -> None:
-        self.kernels.store_kv(k_buf, v_buf, loc, k, v)
-
-    def attend(self, q, k, v, k_buf, v_buf, sm_scale, sliding_window, fb):
+    def attend(self, q, k, v, layer, sm_scale, sliding_window, fb):
+        kv = self.pool.kernel_buffers(layer)  # raw storage: the kernels dequantise tile by tile
+        fmt = dict(k_scale=kv.k_scale, v_scale=kv.v_scale, kv_format=kv.kv_format, group=kv.group)
         if fb.mode is ForwardMode.EXTEND:
             return self.kernels.extend_attention(
-                q, k_buf, v_buf, self.req_to_token, fb.req_pool_indices, fb.seq_lens,
-                fb.prefix_lens, fb.extend_start_loc, fb.max_extend_len, sm_scale, sliding_window)
+                q, kv.k, kv.v, self.req_to_token, fb.req_pool_indices, fb.seq_lens,
+                fb.prefix_lens, fb.extend_start_loc, fb.max_extend_len, sm_scale, sliding_window,
+                **fmt)
         return self.kernels.decode_attention(
-            q, k_buf, v_buf, self.req_to_token, fb.req_pool_indices, fb.seq_lens,
-            sm_scale, sliding_window)
+            q, kv.k, kv.v, self.req_to_token, fb.req_pool_indices, fb.seq_lens,
+            sm_scale, sliding_window, **fmt)
 
 
 def make_backend(name: str, pool: KVPool, req_to_token: torch.Tensor) -> AttentionBackend:

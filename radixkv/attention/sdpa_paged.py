@@ -156,12 +156,19 @@ def attention(
     q: torch.Tensor,  # (T, Hq, D) new tokens' queries
     k: torch.Tensor,  # (T, Hkv, D) new tokens' keys (already stored in the pool)
     v: torch.Tensor,  # (T, Hkv, D)
-    k_buffer: torch.Tensor,  # (S, Hkv, D) the pool's slots for this layer
+    k_buffer: torch.Tensor,  # (S, Hkv, D) the pool's read view of this layer (dequantises what it gathers)
     v_buffer: torch.Tensor,  # (S, Hkv, D)
     p: SdpaPlan,
     sm_scale: float,
+    loc: torch.Tensor | None = None,  # (T,) the new tokens' slots
 ) -> torch.Tensor:  # (T, Hq, D)
-    """Causal attention of each request's new tokens over its prefix and themselves."""
+    """Causal attention of each request's new tokens over its prefix and themselves.
+
+    When the pool keeps K/V in another format (`k_buffer` is a dequantising view), the new
+    tokens' K/V are read back from their slots, so every token attends to what the pool stores
+    -- the same values a later request, or another backend, will see -- whatever the chunking."""
+    if loc is not None and not isinstance(k_buffer, torch.Tensor):
+        k, v = k_buffer.index_select(0, loc), v_buffer.index_select(0, loc)  # (T, Hkv, D) as stored
     d = p.decode
     if d is not None and d.all_rows:
         return decode_rows(q, k_buffer, v_buffer, d, sm_scale)

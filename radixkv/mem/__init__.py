@@ -12,7 +12,7 @@ from radixkv.mem.eviction import (
     make_policy,
 )
 from radixkv.mem.kv_memory import KVMemory
-from radixkv.mem.kv_pool import KVLayout, KVPool
+from radixkv.mem.kv_pool import DenseKVPool, Int4KVPool, Int8KVPool, KVLayout, KVPool, make_kv_pool
 from radixkv.mem.no_cache import NoCache
 from radixkv.mem.radix_cache import RadixCache, TreeNode
 from radixkv.mem.req_table import ReqToTokenTable

@@ -21,11 +21,15 @@ Namespace = Any
 
 @dataclass(frozen=True, slots=True)
 class MatchResult:
-    """Longest cached prefix of a key: its page ids, length in tokens, and the deepest node."""
+    """Longest cached prefix of a key: its page ids, length in tokens, and the deepest node.
+
+    With a host tier, `host_tokens` more tokens of the key continue the match one tier down
+    (`load_back` brings them to the device)."""
 
     pages: list[int]
     num_tokens: int
     last_node: Any
+    host_tokens: int = 0
 
 
 class PrefixCache(ABC):
@@ -63,6 +67,11 @@ class PrefixCache(ABC):
     @abstractmethod
     def unlock(self, node: Any) -> None:
         """Undo one `lock(node)`."""
+
+    def load_back(self, match: MatchResult, key: Sequence[int], namespace: Namespace = None) -> MatchResult:
+        """Bring the host-resident continuation of `match` onto the device as far as device pages
+        allow; returns the new (device) match. Without a host tier: `match` itself."""
+        return match
 
     @abstractmethod
     def evict(self, num_tokens: int) -> int:

@@ -11,7 +11,8 @@ import torch
 
 from radixkv.errors import ConfigError
 from radixkv.mem.allocator import PageAllocator
-from radixkv.mem.kv_pool import KVLayout, KVPool
+from radixkv.mem.host_tier import HostKVTier, HostTierConfig, host_tier_pages
+from radixkv.mem.kv_pool import KVLayout, make_kv_pool
 from radixkv.mem.req_table import ReqToTokenTable
 from radixkv.mem.seq_pages import SeqPages
 
@@ -31,16 +32,22 @@ class KVMemory:
     mapping each running request's positions to KV slots (`req_table`)."""
 
     def __init__(self, layout: KVLayout, num_pages: int, max_reqs: int, max_context_len: int,
-                 device: torch.device | str = "cpu"):
+                 device: torch.device | str = "cpu", host_kv_size: str | int | None = None,
+                 host_write_policy: str = "write-back"):
         self.layout = layout
         self.device = torch.device(device)
-        self.pool = KVPool(layout, num_pages, self.device)
+        self.pool = make_kv_pool(layout, num_pages, self.device)
         self.allocator = PageAllocator(num_pages, layout.page_size)
         self.req_table = ReqToTokenTable(max_reqs, max_context_len, self.device)
+        self.host: HostKVTier | None = None  # the host tier for evicted prefixes, when configured
+        if host_kv_size is not None:
+            pages = host_tier_pages(host_kv_size, layout.page_size, layout.bytes_per_page)
+            self.host = HostKVTier(HostTierConfig(pages, layout.page_size, host_write_policy), self.pool)
 
     @classmethod
     def sized(cls, layout: KVLayout, *, max_reqs: int, context_length: int, device: torch.device,
-              max_total_tokens: int | None = None, mem_fraction: float = 0.3) -> KVMemory:
+              max_total_tokens: int | None = None, mem_fraction: float = 0.3,
+              host_kv_size: str | int | None = None, host_write_policy: str = "write-back") -> KVMemory:
         """Pages for `max_total_tokens`, or for `mem_fraction` of the device's free memory, but
         never more than every request at full context could use."""
         if max_total_tokens is not None:
@@ -51,7 +58,7 @@ class KVMemory:
             num_pages = min(num_pages, -(-max_reqs * context_length // layout.page_size))
         if num_pages < 1:
             raise ConfigError(f"the KV pool would hold no page (max_total_tokens={max_total_tokens})")
-        return cls(layout, num_pages, max_reqs, context_length, device)
+        return cls(layout, num_pages, max_reqs, context_length, device, host_kv_size, host_write_policy)
 
     @property
     def page_size(self) -> int:

@@ -15,6 +15,16 @@ request reads it. A node with `lock_ref == 0` is *evictable*; only evictable *le
 eviction candidates, kept in a sorted container ordered by the eviction policy's priority.
 Evicting a leaf can turn its parent into a candidate.
 
+Host tier (optional, `host_tier=`). A node is *device-resident* (`pages` set) or *host-only*
+(`pages == []`, its KV in `host_pages` on the host tier); device-resident nodes form a
+prefix-closed subtree (a host-only node's children are host-only). Device eviction takes the
+least valuable unlocked node with no device-resident child; with a host tier its dropped tail
+is copied to host pages (unless a write-through copy exists) and stays in the tree as a
+host-only node, instead of disappearing. `match_prefix` reports how far the key continues on
+the host (`host_tokens`); `load_back` copies that continuation into fresh device pages (evicting
+other device pages if it must). The host tier has its own LRU over host-only leaves: when it
+is full, the least recently used ones leave the tree for good.
+
 Invariants (`check_invariants`):
   free_pages + evictable_pages + protected_pages + inflight_pages == num_pages
 where inflight pages are held by running requests and not by the tree; each tree page appears
@@ -34,6 +44,7 @@ from radixkv.errors import CacheInvariantError
 from radixkv.mem.allocator import PageAllocator
 from radixkv.mem.base import MatchResult, Namespace, PrefixCache
 from radixkv.mem.eviction import EvictionPolicy, make_policy
+from radixkv.mem.host_tier import HostTier
 
 _node_ids = itertools.count()
 
@@ -43,7 +54,7 @@ class TreeNode:
 
     __slots__ = (
         "id", "key", "pages", "parent", "children", "child_key", "lock_ref",
-        "last_access", "hit_count", "created", "depth", "candidate", "meta",
+        "last_access", "hit_count", "created", "depth", "candidate", "meta", "host_pages", "host_candidate",
     )
 
     def __init__(self, key: tuple, pages: list[int], parent: TreeNode | None, now: int):
@@ -60,6 +71,12 @@ class TreeNode:
         self.depth = 0 if parent is None else parent.depth + len(parent.key)
         self.candidate: tuple | None = None  # entry in the eviction candidate set, if any
         self.meta: Any = None  # free for an eviction policy's own per-node state
+        self.host_pages: list[int] | None = None  # host-tier copy of `key`, if any
+        self.host_candidate: tuple | None = None  # entry in the host tier's LRU, if any
+
+    @property
+    def on_device(self) -> bool:
+        return bool(self.pages)
 
     @property
     def num_tokens(self) -> int:
@@ -80,9 +97,13 @@ class RadixCache(PrefixCache):
         allocator: PageAllocator,
         eviction_policy: str | EvictionPolicy = "lru",
         attention_scale: float | None = None,
+        host_tier: HostTier | None = None,
     ):
         self.allocator = allocator
         self.page_size = allocator.page_size
+        if host_tier is not None and host_tier.page_size != self.page_size:
+            raise ValueError(f"host tier page_size {host_tier.page_size} != cache page_size {self.page_size}")
+        self.host = host_tier
         self.policy = make_policy(eviction_policy, attention_scale)
         self.reset_stats()
         self._init_tree()
@@ -92,11 +113,14 @@ class RadixCache(PrefixCache):
         self.root = TreeNode((), [], None, 0)
         self.root.lock_ref = 1  # the root is never evicted
         self._candidates: SortedList = SortedList()
+        self._host_candidates: SortedList = SortedList()  # host-only leaves, least recently used first
         self._evictable_tokens = 0
         self._protected_tokens = 0
 
     def reset_stats(self) -> None:
         self.stats_evicted_tokens = 0
+        self.stats_host_loaded_tokens = 0  # host -> device, for requests
+        self.stats_host_evicted_tokens = 0  # dropped from the host tier
 
     # -- sizes ---------------------------------------------------------------------------------
     @property
@@ -147,6 +171,7 @@ class RadixCache(PrefixCache):
         key = self._as_key(key)
         now = self._tick() if record_hit else self._clock
         node, pos, pages = self.root, 0, []
+        last, host = None, 0
         while pos < len(key):
             child = node.children.get(self._child_key(node, key, pos, namespace))
             if child is None:
@@ -156,10 +181,16 @@ class RadixCache(PrefixCache):
                 child = self._split(child, n)
             if record_hit:
                 self._touch(child, now, hit=True)
-            pages.extend(child.pages)
+            if child.on_device:
+                pages.extend(child.pages)
+            else:  # the match continues one tier down
+                last = last or node
+                host += n
             pos += n
             node = child
-        return MatchResult(pages, pos, node)
+        if last is None:
+            return MatchResult(pages, pos, node)
+        return MatchResult(pages, pos - host, last, host)
 
     # -- mutation ------------------------------------------------------------------------------
     def insert(self, key: Sequence[int], pages: Sequence[int], namespace: Namespace = None) -> int:
@@ -178,14 +209,112 @@ class RadixCache(PrefixCache):
                 leaf = TreeNode(key[pos:], new_pages, node, now)
                 self.policy.on_access(leaf, now, False)
                 self._attach(node, ck, leaf)
+                if self.host is not None and self.host.write_through:
+                    leaf.host_pages = self._host_save(leaf.pages)
                 return pos
             n = self._match_len(child.key, key, pos)
             if n < len(child.key):
                 child = self._split(child, n)
+            if not child.on_device:  # the caller computed tokens the host tier holds: adopt its pages
+                revived = list(pages[pos // size : (pos + n) // size])
+                self.allocator.incref(revived)
+                self._to_device(child, revived)
             self._touch(child, now, hit=False)
             pos += n
             node = child
         return pos
+
+    # -- host tier -----------------------------------------------------------------------------
+    def _to_device(self, node: TreeNode, pages: list[int]) -> None:
+        """A host-only node gets device `pages` (the tree's references already taken)."""
+        assert not node.on_device and (node.parent.on_device or node.parent is self.root)
+        node.pages = pages
+        if node.host_candidate is not None:
+            self._drop_host_candidate(node)
+        parent = node.parent
+        if parent.candidate is not None:  # it now has a device-resident child
+            self._drop_candidate(parent)
+        if node.lock_ref == 0:
+            self._evictable_tokens += len(node.key)
+            self._add_candidate(node)
+        else:
+            self._protected_tokens += len(node.key)
+
+    def _host_save(self, device_pages: list[int]) -> list[int] | None:
+        """Host copies of `device_pages`, making room by the host LRU; None if it cannot."""
+        need = len(device_pages)
+        host = self.host
+        if host.allocator.free_pages < need:
+            self._evict_host(need - host.allocator.free_pages)
+        if host.allocator.free_pages < need:
+            return None
+        host_pages = host.allocator.alloc(need)
+        host.save(device_pages, host_pages)
+        return host_pages
+
+    def _evict_host(self, num_pages: int) -> None:
+        """Drop host-only leaves, least recently used first, until `num_pages` host pages are free."""
+        while self.host.allocator.free_pages < num_pages and self._host_candidates:
+            node = self._host_candidates.pop(0)[2]
+            node.host_candidate = None
+            self._drop_host_only(node)
+
+    def _drop_host_only(self, node: TreeNode) -> None:
+        """Remove a host-only leaf from the tree and the host tier."""
+        assert not node.on_device and not node.children
+        parent = node.parent
+        del parent.children[node.child_key]
+        self.host.allocator.decref(node.host_pages)
+        self.stats_host_evicted_tokens += len(node.key)
+        if node.host_candidate is not None:
+            self._drop_host_candidate(node)
+        if not parent.on_device and parent is not self.root and not parent.children:
+            self._add_host_candidate(parent)  # (a device parent's candidacy ignores host-only children)
+
+    def _drop_host_subtree(self, node: TreeNode) -> None:
+        """Remove every (host-only) descendant of `node`."""
+        for child in list(node.children.values()):
+            self._drop_host_subtree(child)
+            self._drop_host_only(child)
+
+    def _add_host_candidate(self, node: TreeNode) -> None:
+        entry = (node.last_access, node.id, node)
+        node.host_candidate = entry
+        self._host_candidates.add(entry)
+
+    def _drop_host_candidate(self, node: TreeNode) -> None:
+        self._host_candidates.remove(node.host_candidate)
+        node.host_candidate = None
+
+    @staticmethod
+    def _has_device_child(node: TreeNode) -> bool:
+        return any(c.on_device for c in node.children.values())
+
+    def load_back(self, match: MatchResult, key: Sequence[int], namespace: Namespace = None) -> MatchResult:
+        if self.host is None or not match.host_tokens:
+            return match
+        key = self._as_key(key)
+        self.lock(match.last_node)  # what is already on the device stays there while we load
+        locked, node, pos = match.last_node, match.last_node, match.num_tokens
+        try:
+            while pos < match.num_tokens + match.host_tokens:
+                child = node.children[self._child_key(node, key, pos, namespace)]
+                assert not child.on_device and len(child.key) <= match.num_tokens + match.host_tokens - pos
+                need = len(child.host_pages)
+                if self.allocator.free_pages < need:
+                    self.evict((need - self.allocator.free_pages) * self.page_size)
+                if self.allocator.free_pages < need:
+                    break  # the device is full of locked pages: the rest is recomputed
+                pages = self.allocator.alloc(need)
+                self.host.load(child.host_pages, pages)
+                self._to_device(child, pages)
+                self.stats_host_loaded_tokens += len(child.key)
+                self.lock(child)
+                self.unlock(locked)
+                locked, node, pos = child, child, pos + len(child.key)
+        finally:
+            self.unlock(locked)
+        return self.match_prefix(key[:pos], namespace, record_hit=False)
 
     def _attach(self, parent: TreeNode, ck: Any, leaf: TreeNode) -> None:
         if parent.candidate is not None:  # parent stops being a leaf
@@ -205,6 +334,9 @@ class RadixCache(PrefixCache):
         upper.created = child.created
         upper.child_key = child.child_key
         parent.children[upper.child_key] = upper
+        if child.host_pages is not None:
+            upper.host_pages = child.host_pages[: n // size]
+            child.host_pages = child.host_pages[n // size :]
         child.key = child.key[n:]
         child.pages = child.pages[n // size :]
         child.parent = upper
@@ -224,6 +356,9 @@ class RadixCache(PrefixCache):
         if node.candidate is not None:
             self._drop_candidate(node)
             self._add_candidate(node)
+        if node.host_candidate is not None:
+            self._drop_host_candidate(node)
+            self._add_host_candidate(node)
 
     # -- locks ---------------------------------------------------------------------------------
     def lock(self, node: TreeNode) -> None:
@@ -244,7 +379,7 @@ class RadixCache(PrefixCache):
             if node.lock_ref == 0:
                 self._evictable_tokens += len(node.key)
                 self._protected_tokens -= len(node.key)
-                if not node.children:
+                if not self._has_device_child(node):
                     self._add_candidate(node)
             node = node.parent
 
@@ -288,12 +423,33 @@ class RadixCache(PrefixCache):
                 drop = min(keep, -(-(num_tokens - freed) // size) * size)
                 keep -= drop
                 freed += drop
-            if keep:
+            if self.host is not None:
+                self._demote(node, keep)
+            elif keep:
                 self._trim_leaf(node, keep)
             else:
                 self._delete_leaf(node)
         self.stats_evicted_tokens += freed
         return freed
+
+    def _demote(self, node: TreeNode, keep: int) -> None:
+        """Move `node`'s tokens past `keep` to the host tier (or drop them when it is full)."""
+        if keep:
+            self._split(node, keep)  # `node` is now the tail below a device-resident upper part
+        if node.host_pages is None:
+            node.host_pages = self._host_save(node.pages)
+        if node.host_pages is None:  # no room one tier down: forget the tail and what hangs below
+            self._drop_host_subtree(node)
+            self._delete_leaf(node)
+            return
+        self._evictable_tokens -= len(node.key)
+        self.allocator.decref(node.pages)
+        node.pages = []
+        if not node.children:
+            self._add_host_candidate(node)
+        parent = node.parent
+        if parent is not self.root and parent.lock_ref == 0 and not self._has_device_child(parent):
+            self._add_candidate(parent)
 
     def _trim_leaf(self, node: TreeNode, keep: int) -> None:
         dropped = node.pages[keep // self.page_size :]
@@ -308,7 +464,10 @@ class RadixCache(PrefixCache):
         del parent.children[node.child_key]
         self._evictable_tokens -= len(node.key)
         self.allocator.decref(node.pages)
-        if parent is not self.root and not parent.children and parent.lock_ref == 0:
+        if node.host_pages is not None:
+            self.host.allocator.decref(node.host_pages)
+        if parent is not self.root and parent.lock_ref == 0 and parent.candidate is None \
+                and not self._has_device_child(parent):
             self._add_candidate(parent)
 
     def reset(self) -> None:
@@ -318,6 +477,8 @@ class RadixCache(PrefixCache):
             )
         for node in self._iter_nodes():
             self.allocator.decref(node.pages)
+            if node.host_pages is not None:
+                self.host.allocator.decref(node.host_pages)
         self._init_tree()
 
     # -- inspection ----------------------------------------------------------------------------
@@ -340,8 +501,9 @@ class RadixCache(PrefixCache):
 
         def walk(node: TreeNode, indent: int) -> None:
             for child in node.children.values():
+                where = "" if child.host_pages is None else f" host={child.host_pages[:4]}"
                 lines.append(f"{' ' * indent}{len(child.key)} tok lock={child.lock_ref} "
-                             f"pages={child.pages[:4]}{'...' if len(child.pages) > 4 else ''}")
+                             f"pages={child.pages[:4]}{'...' if len(child.pages) > 4 else ''}{where}")
                 walk(child, indent + 2)
 
         walk(self.root, 0)
@@ -352,9 +514,27 @@ class RadixCache(PrefixCache):
         seen: set[int] = set()
         evictable = protected = 0
         leaves: set[int] = set()
+        host_seen: set[int] = set()
+        host_leaves: set[int] = set()
         for node in self._iter_nodes():
-            if not node.key or len(node.key) != len(node.pages) * size:
-                raise CacheInvariantError(f"{node}: {len(node.key)} tokens on {len(node.pages)} pages")
+            stored = node.pages if node.on_device else (node.host_pages or [])
+            if not node.key or len(node.key) != len(stored) * size:
+                raise CacheInvariantError(f"{node}: {len(node.key)} tokens on {len(stored)} pages")
+            if node.host_pages is not None:
+                if self.host is None or len(node.host_pages) * size != len(node.key):
+                    raise CacheInvariantError(f"{node}: host pages without a host tier, or the wrong number")
+                for p in node.host_pages:
+                    if p in host_seen or self.host.allocator.refcount(p) < 1:
+                        raise CacheInvariantError(f"host page {p} is owned twice or not allocated")
+                    host_seen.add(p)
+            if not node.on_device:
+                if node.lock_ref:
+                    raise CacheInvariantError(f"{node}: a host-only node is locked")
+                if any(c.on_device for c in node.children.values()):
+                    raise CacheInvariantError(f"{node}: host-only node with a device-resident child")
+                if not node.children:
+                    host_leaves.add(node.id)
+                continue
             if node.parent.children.get(node.child_key) is not node:
                 raise CacheInvariantError(f"{node} is not indexed under its child key")
             first = node.key[0] if size == 1 else node.key[:size]
@@ -376,7 +556,7 @@ class RadixCache(PrefixCache):
                 protected += len(node.key)
             else:
                 evictable += len(node.key)
-                if not node.children:
+                if not self._has_device_child(node):
                     leaves.add(node.id)
         if (evictable, protected) != (self._evictable_tokens, self._protected_tokens):
             raise CacheInvariantError(
@@ -385,6 +565,13 @@ class RadixCache(PrefixCache):
             )
         if {e[1] for e in self._candidates} != leaves or len(self._candidates) != len(leaves):
             raise CacheInvariantError("eviction candidates are not exactly the unlocked leaves")
+        if {e[1] for e in self._host_candidates} != host_leaves or len(self._host_candidates) != len(host_leaves):
+            raise CacheInvariantError("host eviction candidates are not exactly the host-only leaves")
+        if self.host is not None:
+            self.host.allocator.check_invariants()
+            if self.host.allocator.free_pages + len(host_seen) != self.host.allocator.num_pages:
+                raise CacheInvariantError(f"host tier: {self.host.allocator.free_pages} free + {len(host_seen)} "
+                                          f"in the tree != {self.host.allocator.num_pages} pages")
         self.allocator.check_invariants()
         tree_pages = len(seen)
         if inflight_pages is not None:

@@ -55,18 +55,20 @@ class ModelRunner:
         if context_length > mc.max_position_embeddings:
             raise ConfigError(f"context_length={context_length} exceeds the model's "
                               f"max_position_embeddings={mc.max_position_embeddings}")
-        layout = KVLayout(mc.num_layers, mc.num_kv_heads, mc.head_dim, config.page_size, dtype)
+        layout = KVLayout(mc.num_layers, mc.num_kv_heads, mc.head_dim, config.page_size, dtype,
+                          config.kv_cache_dtype)
         memory = KVMemory.sized(layout, max_reqs=config.max_running_requests, context_length=context_length,
                                 device=device, max_total_tokens=config.max_total_tokens,
-                                mem_fraction=config.kv_mem_fraction)
+                                mem_fraction=config.kv_mem_fraction, host_kv_size=config.host_kv_size,
+                                host_write_policy=config.host_write_policy)
         runner = cls(config, model, memory, model_dir, context_length)
         runner.num_threads = num_threads
         logger.info(
             "model %s: %d layers, %d/%d heads, %s on %s; KV pool %d tokens (%d pages of %d), "
-            "%.1f MiB, %d bytes/token; attention backend %s",
+            "%.1f MiB, %d bytes/token (kv_cache_dtype %s); attention backend %s",
             mc.architecture, mc.num_layers, mc.num_heads, mc.num_kv_heads, str(dtype).replace("torch.", ""),
             device, memory.total_tokens, memory.allocator.num_pages, config.page_size,
-            memory.pool.nbytes / 2**20, layout.bytes_per_token, runner.backend.name,
+            memory.pool.nbytes / 2**20, layout.bytes_per_token, config.kv_cache_dtype, runner.backend.name,
         )
         logger.info("%d torch threads (%s; %d usable cores); %s", num_threads,
                     "num_threads option" if config.num_threads is not None else "from CPU affinity",

@@ -38,7 +38,8 @@ class SchedulerStats:
     admitted_requests: int = 0
     finished_requests: int = 0
     prompt_tokens: int = 0  # of admitted requests
-    cached_prompt_tokens: int = 0  # of those, served from the prefix cache
+    cached_prompt_tokens: int = 0  # of those, served from the prefix cache (either tier)
+    host_hit_tokens: int = 0  # of those, copied back from the host tier
     generated_tokens: int = 0
     retractions: int = 0
     extend_steps: int = 0  # forwards with prefill tokens (mixed ones included)
@@ -50,10 +51,11 @@ class SchedulerStats:
     step_seconds: dict[str, float] = field(default_factory=lambda: {"extend": 0.0, "decode": 0.0})
     forward_seconds: dict[str, float] = field(default_factory=lambda: {"extend": 0.0, "decode": 0.0})
 
-    def record_admission(self, prompt_tokens: int, cached_tokens: int) -> None:
+    def record_admission(self, prompt_tokens: int, cached_tokens: int, host_tokens: int = 0) -> None:
         self.admitted_requests += 1
         self.prompt_tokens += prompt_tokens
         self.cached_prompt_tokens += cached_tokens
+        self.host_hit_tokens += host_tokens
 
     def record_step(self, num_decode: int, prefill_tokens: int, seconds: float, forward: float) -> None:
         """One forward of `num_decode` decode rows and `prefill_tokens` prompt tokens."""
@@ -78,4 +80,6 @@ class SchedulerStats:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["cache_hit_rate"] = self.cache_hit_rate
+        d["device_hit_tokens"] = self.cached_prompt_tokens - self.host_hit_tokens  # served from the KV pool
+        d["recomputed_prompt_tokens"] = self.prompt_tokens - self.cached_prompt_tokens
         return d

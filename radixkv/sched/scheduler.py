@@ -58,9 +58,11 @@ class Scheduler:
         self.page_size = config.page_size
         self.allocator = memory.allocator
         self.req_table = memory.req_table
-        cache_cls = NoCache if config.disable_radix_cache else RadixCache
-        self.cache: PrefixCache = cache_cls(self.allocator, config.eviction_policy,
-                                            attention_scale=runner.model_config.attention_scale)
+        if config.disable_radix_cache:
+            self.cache: PrefixCache = NoCache(self.allocator)
+        else:
+            self.cache = RadixCache(self.allocator, config.eviction_policy,
+                                    attention_scale=runner.model_config.attention_scale, host_tier=memory.host)
         self.policy = SchedulePolicy(config.schedule_policy, self.cache, config.starvation_limit)
         self.sampler = Sampler(runner.device, config.random_seed)
         self.waiting: deque[Req] = deque()
@@ -251,6 +253,10 @@ class Scheduler:
         every running request. Evicts only when that makes enough room.
         """
         peek = self.cache.match_prefix(key, req.namespace, record_hit=False)
+        host_tokens = 0
+        if peek.host_tokens:  # copy the host tier's part back rather than recompute it
+            loaded = self.cache.load_back(peek, key, req.namespace)
+            host_tokens, peek = loaded.num_tokens - peek.num_tokens, loaded
         self.cache.lock(peek.last_node)
         n = min(req.seq_len - peek.num_tokens, budget, self._chunk_cap(req.seq_len))
         horizon = min(req.remaining_new_tokens, self.config.retract_decode_steps)
@@ -267,7 +273,8 @@ class Scheduler:
         if not req.admitted_once:
             req.admitted_once = True
             req.cached_tokens = min(match.num_tokens, len(req.prompt_ids))
-            self.stats.record_admission(len(req.prompt_ids), req.cached_tokens)
+            self.stats.record_admission(len(req.prompt_ids), req.cached_tokens,
+                                        min(host_tokens, req.cached_tokens))
         self.running.append(req)
         return self._grow(req, n)
 
@@ -462,4 +469,13 @@ class Scheduler:
             "protected_tokens": self.cache.protected_tokens,
             "cached_tokens_in_tree": self.cache.total_tokens,
             "evicted_tokens": self.cache.stats_evicted_tokens,
-        }
+        } | self._host_stats()
+
+    def _host_stats(self) -> dict[str, Any]:
+        host = self.memory.host
+        if host is None or self.config.disable_radix_cache:
+            return {"host_total_tokens": 0}
+        a = host.allocator
+        return {"host_total_tokens": a.total_tokens, "host_used_tokens": a.total_tokens - a.free_tokens,
+                "host_saved_tokens": host.saved_tokens, "host_loaded_tokens": host.loaded_tokens,
+                "host_evicted_tokens": self.cache.stats_host_evicted_tokens}

@@ -35,6 +35,11 @@ class ServerMetrics:
                 ("protected_tokens", "Cached tokens locked by running requests"),
                 ("total_tokens", "KV pool capacity in tokens"),
                 ("cache_hit_rate", "Prompt tokens served from the cache / prompt tokens, since start"),
+                ("device_hit_tokens", "Prompt tokens served from the KV pool, since start"),
+                ("host_hit_tokens", "Prompt tokens copied back from the host tier, since start"),
+                ("recomputed_prompt_tokens", "Prompt tokens computed (not served by either tier), since start"),
+                ("host_total_tokens", "Host tier capacity in tokens (0: no host tier)"),
+                ("host_used_tokens", "Host tier tokens in use"),
             )}
 
     def observe_finished(self, chunk) -> None:

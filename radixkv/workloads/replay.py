@@ -25,6 +25,7 @@ from radixkv.mem import (
     TreeNode,
     make_policy,
 )
+from radixkv.mem.host_tier import HostTier, HostTierConfig
 from radixkv.workloads.trace import BLOCK_SIZE, TraceRequest, expand_tokens, rehash
 
 OFFLINE_POLICIES = ("belady", "reuse-oracle")
@@ -49,6 +50,12 @@ class ReplayResult:
     uncached_requests: int
     prefill_work: float  # recompute cost of all prompt tokens (see `token_cost`)
     prefill_work_saved: float  # cost of the tokens served from the cache
+    host_capacity_tokens: int = 0  # the host tier (0: none)
+    host_hit_tokens: int = 0  # of `hit_tokens`, copied back from the host tier
+
+    @property
+    def device_hit_tokens(self) -> int:
+        return self.hit_tokens - self.host_hit_tokens
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -122,19 +129,24 @@ def build_cache(
     trace: Sequence[TraceRequest],
     block_size: int = BLOCK_SIZE,
     attention_scale: float | None = None,
+    host_capacity_tokens: int = 0,
+    host_write_policy: str = "write-back",
 ) -> tuple[PrefixCache, BeladyOracle | None]:
     if policy in BOUNDS:  # room for the whole trace: nothing is ever evicted
         capacity_tokens = sum(r.input_length for r in trace) + page_size
     allocator = PageAllocator(max(1, capacity_tokens // page_size), page_size)
+    host = None
+    if host_capacity_tokens >= page_size:
+        host = HostTier(HostTierConfig(host_capacity_tokens // page_size, page_size, host_write_policy))
     if policy == "none":
         return NoCache(allocator), None
     if policy == "inf":
-        return RadixCache(allocator, "lru"), None
+        return RadixCache(allocator, "lru", host_tier=host), None
     if policy in OFFLINE_POLICIES:
         oracle = BeladyOracle(trace, block_size)
         rule = BeladyPolicy(oracle) if policy == "belady" else ReuseOraclePolicy(oracle)
-        return RadixCache(allocator, rule), oracle
-    return RadixCache(allocator, make_policy(policy, attention_scale)), None
+        return RadixCache(allocator, rule, host_tier=host), oracle
+    return RadixCache(allocator, make_policy(policy, attention_scale), host_tier=host), None
 
 
 def replay(
@@ -146,19 +158,24 @@ def replay(
     attention_scale: int = 8192,
     progress: Callable[[int], None] | None = None,
     check_every: int = 0,
+    host_capacity_tokens: int = 0,
+    host_write_policy: str = "write-back",
 ) -> ReplayResult:
     """Replay `trace` through a cache of `capacity_tokens`; `check_every` > 0 runs the
-    invariant check every that many requests (slow; for tests).
+    invariant check every that many requests (slow; for tests). With `host_capacity_tokens`,
+    evicted prefixes go to a host tier of that size and matches load them back (counted as
+    hits, and separately as `host_hit_tokens`).
 
     A trace with real `input_ids` is first rehashed at page granularity, so the replay shares
     exactly the pages the real tokens would share.
     """
     if trace and all(r.input_ids is not None for r in trace):
         trace, block_size = rehash(trace, page_size), page_size
-    cache, oracle = build_cache(policy, capacity_tokens, page_size, trace, block_size, attention_scale)
+    cache, oracle = build_cache(policy, capacity_tokens, page_size, trace, block_size, attention_scale,
+                                host_capacity_tokens, host_write_policy)
     allocator = cache.allocator
     name = policy if isinstance(policy, str) else policy.name
-    hit_tokens = prompt_tokens = uncached = 0
+    hit_tokens = prompt_tokens = uncached = host_hits = 0
     work = saved = 0.0
     start = time.perf_counter()
     for i, req in enumerate(trace):
@@ -166,6 +183,10 @@ def replay(
         if oracle is not None:
             oracle.now = i
         match = cache.match_prefix(key)
+        if match.host_tokens:
+            on_device = match.num_tokens
+            match = cache.load_back(match, key)
+            host_hits += match.num_tokens - on_device
         hit_tokens += match.num_tokens
         prompt_tokens += len(key)
         work += token_cost_prefix_sum(len(key), attention_scale)
@@ -201,4 +222,6 @@ def replay(
         uncached_requests=uncached,
         prefill_work=work,
         prefill_work_saved=saved,
+        host_capacity_tokens=host_capacity_tokens,
+        host_hit_tokens=host_hits,
     )

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from radixkv.errors import ConfigError
-from radixkv.mem import KVLayout, KVPool, ReqToTokenTable
+from radixkv.mem import KVLayout, ReqToTokenTable, make_kv_pool
 
 
 def test_bytes_per_token_counts_k_and_v_of_every_layer():
@@ -25,26 +25,29 @@ def test_num_pages_from_token_and_byte_budgets():
 
 def test_pool_shapes_and_store_through_flat_slots():
     layout = KVLayout(num_layers=2, num_kv_heads=3, head_dim=4, page_size=2)
-    pool = KVPool(layout, num_pages=5)
-    assert pool.k_pages[0].shape == (6, 2, 3, 4)
+    pool = make_kv_pool(layout, num_pages=5)
+    k_pages, v_pages = pool.storage[0]
+    assert k_pages.shape == (6, 2, 3, 4)
     assert pool.nbytes == 2 * 2 * 6 * 2 * 3 * 4 * 4
     k = torch.randn(3, 3, 4)
     v = torch.randn(3, 3, 4)
     pool.store(1, torch.tensor([5, 2, 11]), k, v)
-    assert torch.equal(pool.k_pages[1][2, 1], k[0])  # slot 5 = page 2, offset 1
-    assert torch.equal(pool.v_pages[1][5, 1], v[2])  # slot 11 = page 5, offset 1
-    assert pool.k_pages[0][0].abs().sum() == 0  # the padding page starts zeroed
+    k_pages, v_pages = pool.storage[1]
+    assert torch.equal(k_pages[2, 1], k[0])  # slot 5 = page 2, offset 1
+    assert torch.equal(v_pages[5, 1], v[2])  # slot 11 = page 5, offset 1
+    assert pool.storage[0][0][0].abs().sum() == 0  # the padding page starts zeroed
+    assert pool.k_view(1) is not None and torch.equal(pool.k_view(1).index_select(0, torch.tensor([2])), k[1:2])
 
 
 def test_copy_page_copies_every_layer():
-    pool = KVPool(KVLayout(3, 1, 2, 4), num_pages=3)
-    for layer in range(3):
-        pool.k_pages[layer][1].normal_()
-        pool.v_pages[layer][1].normal_()
+    pool = make_kv_pool(KVLayout(3, 1, 2, 4), num_pages=3)
+    for k_pages, v_pages in pool.storage:
+        k_pages[1].normal_()
+        v_pages[1].normal_()
     pool.copy_page(1, 3)
-    for layer in range(3):
-        assert torch.equal(pool.k_pages[layer][3], pool.k_pages[layer][1])
-        assert torch.equal(pool.v_pages[layer][3], pool.v_pages[layer][1])
+    for k_pages, v_pages in pool.storage:
+        assert torch.equal(k_pages[3], k_pages[1])
+        assert torch.equal(v_pages[3], v_pages[1])
 
 
 def test_request_table_rows():

@@ -153,3 +153,156 @@ def test_radix_cache_matches_naive_reference(policy):
         suppress_health_check=[HealthCheck.too_slow],
     )
     machine.TestCase().runTest()
+
+
+# -- with a host tier ------------------------------------------------------------------------------
+HOST_PAGES = 8
+
+
+class LabelledHostTier:
+    """A host tier whose "bytes" are labels: device and host pages carry the prefix they store,
+    and save/load move labels, so the test sees exactly what data went where."""
+
+    def __new__(cls, page_size, write_policy):
+        from radixkv.mem.host_tier import HostTier, HostTierConfig
+
+        class _Tier(HostTier):
+            def __init__(self):
+                super().__init__(HostTierConfig(HOST_PAGES, page_size, write_policy))
+                self.device: dict[int, tuple] = {}
+                self.host: dict[int, tuple] = {}
+
+            def save(self, device_pages, host_pages):
+                super().save(device_pages, host_pages)
+                for d, h in zip(device_pages, host_pages):
+                    self.host[h] = self.device[d]
+
+            def load(self, host_pages, device_pages):
+                super().load(host_pages, device_pages)
+                for h, d in zip(host_pages, device_pages):
+                    self.device[d] = self.host[h]
+
+        return _Tier()
+
+
+def host_prefixes(cache):
+    """{(namespace, prefix): host page} of host-only nodes."""
+    out = {}
+    size = cache.page_size
+
+    def walk(node, ns, prefix):
+        for ck, child in node.children.items():
+            child_ns = ck[0] if node is cache.root else ns
+            if not child.on_device:
+                for i, page in enumerate(child.host_pages):
+                    out[(child_ns, prefix + child.key[: (i + 1) * size])] = page
+            walk(child, child_ns, prefix + child.key)
+
+    walk(cache.root, None, ())
+    return out
+
+
+class HostCacheMachine(CacheMachine):
+    """The same rules with a host tier: evicted prefixes move one tier down, requests load them
+    back; the reference tracks which prefixes live on which tier and what each page holds."""
+
+    @initialize(page_size=st.sampled_from([1, 2]), write_policy=st.sampled_from(["write-back", "write-through"]))
+    def setup(self, page_size, write_policy):
+        self.size = page_size
+        self.tier = LabelledHostTier(page_size, write_policy)
+        self.cache = RadixCache(PageAllocator(NUM_PAGES, page_size), "lru", host_tier=self.tier)
+        self.ref, self.host_ref, self.running = {}, {}, []
+
+    def expected_match(self, key, ns):
+        n, pages = 0, []
+        while n + self.size <= len(key) and (ns, tuple(key[: n + self.size])) in self.ref:
+            n += self.size
+            pages.append(self.ref[(ns, tuple(key[:n]))])
+        return n, pages
+
+    def check_match(self, key, ns):
+        m = self.cache.match_prefix(key, ns)
+        assert (m.num_tokens, m.pages) == self.expected_match(key, ns)
+        h = m.num_tokens
+        while h + self.size <= len(key) and (ns, tuple(key[: h + self.size])) in self.host_ref:
+            h += self.size
+        assert m.host_tokens == h - m.num_tokens
+        return m
+
+    @rule(key=keys, ns=namespaces)
+    def start_request(self, key, ns):
+        m = self.check_match(key, ns)
+        if m.host_tokens:
+            m = self.cache.load_back(m, key, ns)
+            self.sync_after_eviction()
+            assert (m.num_tokens, m.pages) == self.expected_match(key, ns)
+        self.cache.lock(m.last_node)
+        seq = SeqPages.from_prefix(self.cache.allocator, m.pages, m.num_tokens)
+        need = seq.pages_needed(len(key) - m.num_tokens)
+        alloc = self.cache.allocator
+        if alloc.free_pages < need:
+            self.cache.evict((need - alloc.free_pages) * self.size)
+            self.sync_after_eviction()
+            if alloc.free_pages < need:
+                self.cache.unlock(m.last_node)
+                seq.release()
+                return
+        seq.extend(len(key) - m.num_tokens)
+        for end in range(m.num_tokens + self.size, len(key) + 1, self.size):  # "compute" the new pages
+            self.tier.device[seq.pages[end // self.size - 1]] = (ns, tuple(key[:end]))
+        self.running.append((key, ns, seq, m.last_node))
+
+    @precondition(lambda self: self.running)
+    @rule(data=st.data())
+    def finish_request(self, data):
+        i = data.draw(st.integers(0, len(self.running) - 1))
+        key, ns, seq, node = self.running.pop(i)
+        self.cache.cache_finished(key, seq, node, ns)
+        self.sync_after_eviction()  # inserting may revive host-only prefixes and write through
+
+    def sync_after_eviction(self):
+        device, host = tree_prefixes(self.cache), host_prefixes(self.cache)
+        assert not set(device) & set(host), "a prefix is both device-resident and host-only"
+        assert self.locked_prefixes() <= set(device), "a locked prefix left the device"
+        self.ref, self.host_ref = device, host
+        self.seen["loaded"] += self.cache.stats_host_loaded_tokens
+        self.seen["host_evicted"] += self.cache.stats_host_evicted_tokens
+        self.seen["saved"] += self.tier.saved_tokens
+
+    seen = {"loaded": 0, "host_evicted": 0, "saved": 0}
+
+    @precondition(lambda self: not self.running)
+    @rule()
+    def reset(self):
+        self.cache.reset()
+        self.ref.clear()
+        self.host_ref.clear()
+        assert self.cache.allocator.free_pages == NUM_PAGES
+        assert self.tier.allocator.free_pages == HOST_PAGES
+
+    @invariant()
+    def consistent(self):
+        if not hasattr(self, "cache"):
+            return
+        assert tree_prefixes(self.cache) == self.ref and host_prefixes(self.cache) == self.host_ref
+        tree_pages = set(self.ref.values())
+        inflight = set()
+        for _, _, seq, _ in self.running:
+            inflight.update(p for p in seq.pages if p not in tree_pages)
+        self.cache.check_invariants(inflight_pages=len(inflight))
+        for prefix, page in self.ref.items():  # every page holds the KV of the prefix it stands for
+            assert self.tier.device[page] == prefix
+        for prefix, page in self.host_ref.items():
+            assert self.tier.host[page] == prefix
+        locked = len(self.locked_prefixes()) * self.size
+        assert self.cache.protected_tokens == locked
+        assert self.cache.evictable_tokens == len(self.ref) * self.size - locked
+
+
+def test_radix_cache_with_host_tier_matches_naive_reference():
+    HostCacheMachine.TestCase.settings = settings(
+        max_examples=150, stateful_step_count=50, deadline=None,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
+    HostCacheMachine.TestCase().runTest()
+    assert all(HostCacheMachine.seen.values()), HostCacheMachine.seen  # every host-tier path ran

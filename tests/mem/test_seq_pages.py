@@ -2,12 +2,12 @@ import pytest
 import torch
 
 from radixkv.errors import OutOfPagesError
-from radixkv.mem import KVLayout, KVPool, PageAllocator, SeqPages
+from radixkv.mem import KVLayout, PageAllocator, SeqPages, make_kv_pool
 
 
 def make(page_size=4, num_pages=8):
     alloc = PageAllocator(num_pages, page_size)
-    pool = KVPool(KVLayout(2, 1, 2, page_size), num_pages)
+    pool = make_kv_pool(KVLayout(2, 1, 2, page_size), num_pages)
     return alloc, pool
 
 
@@ -34,7 +34,7 @@ def test_fork_shares_full_pages_and_copies_a_partial_page_before_writing():
     parent = SeqPages(alloc, pool.copy_page)
     slots = parent.extend(6)  # page 1 full, page 2 half full
     for layer in range(2):
-        pool.k_slots(layer)[torch.tensor(slots)] = torch.arange(6.0)[:, None, None].expand(6, 1, 2)
+        pool.store(layer, torch.tensor(slots), torch.arange(6.0)[:, None, None].expand(6, 1, 2), torch.zeros(6, 1, 2))
     child = parent.fork()
     assert alloc.refcount(parent.pages[1]) == 2
     new_slots = child.extend(1)
@@ -42,9 +42,9 @@ def test_fork_shares_full_pages_and_copies_a_partial_page_before_writing():
     assert child.pages[1] != parent.pages[1]  # the partial page was copied
     assert alloc.refcount(parent.pages[1]) == 1
     for layer in range(2):
-        pool.k_slots(layer)[torch.tensor(new_slots)] = 99.0
-        child_keys = pool.k_slots(layer)[torch.tensor(child.slots())][:, 0, 0]
-        parent_keys = pool.k_slots(layer)[torch.tensor(parent.slots())][:, 0, 0]
+        pool.store(layer, torch.tensor(new_slots), torch.full((1, 1, 2), 99.0), torch.zeros(1, 1, 2))
+        child_keys = pool.k_view(layer).index_select(0, torch.tensor(child.slots()))[:, 0, 0]
+        parent_keys = pool.k_view(layer).index_select(0, torch.tensor(parent.slots()))[:, 0, 0]
         assert child_keys.tolist() == [0, 1, 2, 3, 4, 5, 99]
         assert parent_keys.tolist() == [0, 1, 2, 3, 4, 5]  # the shared page was not overwritten
     parent.release()

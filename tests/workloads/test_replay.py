@@ -52,3 +52,21 @@ def test_replay_of_a_chat_trace_hits_the_shared_history(tmp_path):
     assert big.hit_rate == ceiling.hit_rate > 0.5
     assert tight.hit_rate < big.hit_rate and tight.evicted_tokens > 0
     assert big.prefill_work_saved <= big.prefill_work
+
+
+@needs_trace
+def test_a_host_tier_adds_host_hits_on_top_of_the_same_device_hits(mooncake):
+    trace = mooncake[:1500]
+    none = replay(trace, "lru", capacity_tokens=1_000_000, page_size=512)
+    rows = {m: replay(trace, "lru", capacity_tokens=1_000_000, page_size=512, host_capacity_tokens=m * 1_000_000,
+                      check_every=100) for m in (2, 4)}
+    assert none.host_hit_tokens == 0
+    for m, r in rows.items():
+        assert r.device_hit_tokens + r.host_hit_tokens == r.hit_tokens
+        assert r.host_hit_tokens > 0 and r.hit_rate > none.hit_rate + 0.05
+    assert rows[4].hit_rate >= rows[2].hit_rate
+    # unlimited memory bounds what any split between tiers can serve
+    assert rows[4].hit_rate <= replay(trace, "inf", page_size=512).hit_rate + 1e-9
+    through = replay(trace, "lru", capacity_tokens=1_000_000, page_size=512, host_capacity_tokens=2_000_000,
+                     host_write_policy="write-through", check_every=100)
+    assert through.host_hit_tokens > 0

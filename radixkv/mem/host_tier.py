@@ -1,0 +1,128 @@
+"""The host tier: KV pages of evicted prefixes kept one tier down, instead of recomputed.
+
+The radix cache decides *what* moves (see `RadixCache`, "Host tier"); a `HostTier` owns *where*
+it goes: a `PageAllocator` of host pages and the copies between the device pool and host
+memory. `HostTier` itself moves no bytes (the trace simulator uses it to count them);
+`HostKVTier` keeps real copies of every storage tensor of a `KVPool` (codes and scales alike, so
+a quantised pool is kept quantised), in pinned memory when the device is CUDA.
+
+A save is synchronous (the device pages it reads may be reused right after); a load is queued
+on the device's current stream, so the forward that reads the pages runs after it while the CPU
+goes on scheduling (on CPU both are plain memcpys).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from radixkv.errors import ConfigError
+from radixkv.mem.allocator import PageAllocator
+from radixkv.mem.kv_pool import KVPool
+
+WRITE_POLICIES = ("write-back", "write-through")
+
+
+@dataclass(frozen=True, slots=True)
+class HostTierConfig:
+    """`num_pages` host pages of `page_size` tokens; `write_policy`: copy to the host when a
+    prefix is evicted from the device (`write-back`) or as soon as it is cached (`write-through`)."""
+
+    num_pages: int
+    page_size: int
+    write_policy: str = "write-back"
+
+    def __post_init__(self) -> None:
+        if self.num_pages < 1:
+            raise ConfigError(f"host tier: num_pages must be >= 1, got {self.num_pages}")
+        if self.write_policy not in WRITE_POLICIES:
+            raise ConfigError(f"host_write_policy={self.write_policy!r}: must be one of {list(WRITE_POLICIES)}")
+
+    @property
+    def write_through(self) -> bool:
+        return self.write_policy == "write-through"
+
+
+class HostTier:
+    """Host pages and their bookkeeping, without data (what the trace simulator needs)."""
+
+    def __init__(self, config: HostTierConfig):
+        self.config = config
+        self.page_size = config.page_size
+        self.allocator = PageAllocator(config.num_pages, config.page_size)
+        self.saved_tokens = 0  # device -> host
+        self.loaded_tokens = 0  # host -> device
+
+    @property
+    def write_through(self) -> bool:
+        return self.config.write_through
+
+    def save(self, device_pages: Sequence[int], host_pages: Sequence[int]) -> None:
+        """Copy the KV of `device_pages` into `host_pages` (already allocated)."""
+        self.saved_tokens += len(device_pages) * self.page_size
+
+    def load(self, host_pages: Sequence[int], device_pages: Sequence[int]) -> None:
+        """Copy the KV of `host_pages` into `device_pages` (already allocated)."""
+        self.loaded_tokens += len(host_pages) * self.page_size
+
+
+class HostKVTier(HostTier):
+    """Host copies of a device `KVPool`'s pages: every storage tensor, page for page."""
+
+    def __init__(self, config: HostTierConfig, pool: KVPool):
+        if config.page_size != pool.page_size:
+            raise ConfigError(f"host tier page_size {config.page_size} != the device pool's {pool.page_size}")
+        super().__init__(config)
+        self.pool = pool
+        pin = pool.device.type == "cuda"
+        # one extra page (index 0) mirrors the allocator's reserved padding page
+        self.storage = [torch.empty((config.num_pages + 1, *shape), dtype=dtype, pin_memory=pin)
+                        for shape, dtype in pool.page_shapes()]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.storage)
+
+    def save(self, device_pages, host_pages) -> None:
+        super().save(device_pages, host_pages)
+        src = torch.tensor(list(device_pages), dtype=torch.int64, device=self.pool.device)
+        dst = torch.tensor(list(host_pages), dtype=torch.int64)
+        for host, data in zip(self.storage, self.pool.read_pages(src)):
+            host.index_copy_(0, dst, data.to("cpu"))  # synchronous: the pages may be reused next
+
+    def load(self, host_pages, device_pages) -> None:
+        super().load(host_pages, device_pages)
+        src = torch.tensor(list(host_pages), dtype=torch.int64)
+        dst = torch.tensor(list(device_pages), dtype=torch.int64, device=self.pool.device)
+        self.pool.write_pages(dst, [host.index_select(0, src) for host in self.storage])
+
+
+_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_host_size(text: str | int) -> tuple[str, int]:
+    """`--host-kv-size`: a plain number is tokens ("200000"), a number with a unit is bytes
+    ("2GiB", "512MB"). Returns ("tokens" | "bytes", amount)."""
+    s = str(text).strip().lower().replace("_", "")
+    num = s.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = s[len(num):]
+    try:
+        value = float(num)
+    except ValueError:
+        value = -1.0
+    if value <= 0 or (unit and unit not in _UNITS) or (not unit and not value.is_integer()):
+        raise ConfigError(f"host_kv_size={text!r}: give tokens (e.g. 200000) or bytes with a unit "
+                          f"(e.g. 2GiB, 512MB)")
+    return ("bytes", int(value * _UNITS[unit])) if unit else ("tokens", int(value))
+
+
+def host_tier_pages(size: str | int, page_size: int, bytes_per_page: int) -> int:
+    """Host pages that `size` (see `parse_host_size`) holds."""
+    kind, amount = parse_host_size(size)
+    pages = amount // page_size if kind == "tokens" else amount // bytes_per_page - 1
+    if pages < 1:
+        raise ConfigError(f"host_kv_size={size!r} holds no page of {page_size} tokens ({bytes_per_page} bytes)")
+    return pages

@@ -1,0 +1,45 @@
+"""`benchmarks/kv_quant.py` and `benchmarks/host_tier_replay.py` on small settings."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def script(name, *args):
+    return subprocess.run([sys.executable, str(BENCH / name), *args], capture_output=True, text=True,
+                          timeout=600, cwd=BENCH)
+
+
+def test_kv_quant_reports_capacity_and_quality_per_format(tmp_path):
+    out = tmp_path / "q.json"
+    proc = script("kv_quant.py", "--formats", "auto,int8,int4", "--prompts", "1", "--new-tokens", "4",
+                  "--text-tokens", "64", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = {r["format"]: r for r in json.loads(out.read_text())["rows"]}
+    assert set(rows) == {"auto", "int8", "int4"}
+    assert rows["auto"]["greedy_agreement"] == 1.0 and rows["auto"]["mean_kl"] == 0.0
+    assert rows["int4"]["tokens_in_budget"] > rows["int8"]["tokens_in_budget"] > 3 * rows["auto"]["tokens_in_budget"]
+    assert rows["int4"]["mean_kl"] > rows["int8"]["mean_kl"] > 0
+    assert out.with_suffix(".png").stat().st_size > 10_000
+
+
+def test_kv_quant_rejects_an_unknown_format():
+    proc = script("kv_quant.py", "--formats", "int3")
+    assert proc.returncode == 2 and "--formats" in proc.stderr
+
+
+def test_host_tier_replay_splits_hits_by_tier(tmp_path):
+    out = tmp_path / "h.json"
+    proc = script("host_tier_replay.py", "--limit", "800", "--capacity-tokens", "1000000", "--host-multipliers",
+                  "0,2", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["host_multiplier"] for r in rows] == [0, 2]
+    assert rows[0]["host_hit_tokens"] == 0 < rows[1]["host_hit_tokens"]
+    assert rows[1]["host_copy_seconds"] < rows[1]["recompute_seconds"]
+    assert "host %" in proc.stdout
+    proc = script("host_tier_replay.py", "--host-multipliers", "x")
+    assert proc.returncode == 2 and "--host-multipliers" in proc.stderr
