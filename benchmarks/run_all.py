@@ -30,6 +30,8 @@ SCRIPTS = [  # (script, arguments, what it measures)
     ("server_throughput.py", [], "server vs in-process Engine"),
     ("mooncake_e2e.py", [], "Mooncake trace end to end vs the simulator"),
     ("trace_hit_rate.py", [], "Mooncake trace through the cache simulator"),
+    ("kv_quant.py", [], "KV-cache formats: capacity, quality, decode speed"),
+    ("host_tier_replay.py", [], "Mooncake trace with a host tier"),
 ]
 
 
@@ -148,15 +150,53 @@ def table() -> str:
     return head + "".join("| " + " | ".join(row) + " |\n" for row in rows)
 
 
-def rewrite_readme(text: str) -> None:
+def kv_quant_table() -> str | None:
+    d = load("kv_quant.json")
+    if not d:
+        return None
+    out = ("| kv_cache_dtype | bytes/token | tokens in 1 GiB | capacity | greedy | mean KL | perplexity | "
+           "change | decode tok/s |\n|---|---|---|---|---|---|---|---|---|\n")
+    for r in d["rows"]:
+        out += (f"| {r['format']} | {r['bytes_per_token']:,} | {r['tokens_in_budget']:,} | {r['capacity_x']:.2f}x | "
+                f"{r['greedy_agreement']:.0%} | {r['mean_kl']:.1e} | {r['perplexity']:.3f} | "
+                f"{r['perplexity_change_pct']:+.2f}% | {r['decode_tok_s']:.1f} ({r['decode_speed_x']:.2f}x) |\n")
+    return out + f"\n`python benchmarks/kv_quant.py`, {when(d)}.\n"
+
+
+def host_tier_table() -> str | None:
+    d = load("host_tier_replay.json")
+    if not d:
+        return None
+    out = ("| device capacity | host tier | hit rate | device hits | host hits | reuse-oracle (device only) | "
+           "host hits: bytes to copy | copy time | recompute time |\n|---|---|---|---|---|---|---|---|---|\n")
+    for r in d["rows"]:
+        p = r["prompt_tokens"]
+        out += (f"| {r['capacity_tokens'] / 1e6:.2f} M | {r['host_multiplier']:g}x | {r['hit_rate']:.1%} | "
+                f"{r['device_hit_tokens'] / p:.1%} | {r['host_hit_tokens'] / p:.1%} | {r['reuse_oracle_hit_rate']:.1%} | "
+                f"{r['host_copy_bytes'] / 1e9:,.0f} GB | {r['host_copy_seconds']:,.0f} s | {r['recompute_seconds']:,.0f} s |\n")
+    a = d["args"]
+    return out + (f"\nCosts for the default model's KV ({d['costs']['bytes_per_token']:,} bytes per token) at "
+                  f"{a['link_gbs']} GB/s and {a['tflops']} TFLOP/s. `python benchmarks/host_tier_replay.py`, "
+                  f"{when(d)}.\n")
+
+
+def rewrite_section(name: str, text: str | None) -> None:
+    """Replace what is between `<!-- name:begin -->` and `<!-- name:end -->` in README.md."""
+    begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
     readme = README.read_text()
-    if BEGIN not in readme or END not in readme:
-        print(f"README.md has no {BEGIN} ... {END} markers: table written to results/performance.md only")
+    if text is None:
         return
-    head, rest = readme.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    README.write_text(f"{head}{BEGIN}\n{text}{END}{tail}")
-    print("README.md: Performance table rewritten")
+    if begin not in readme or end not in readme:
+        print(f"README.md has no {begin} ... {end} markers: {name} table not written there")
+        return
+    head, rest = readme.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    README.write_text(f"{head}{begin}\n{text}{end}{tail}")
+    print(f"README.md: {name} table rewritten")
+
+
+def rewrite_readme(text: str) -> None:
+    rewrite_section("performance", text)
 
 
 def main(argv=None) -> int:
@@ -175,6 +215,8 @@ def main(argv=None) -> int:
     (RESULTS / "performance.md").write_text(text)
     print(text)
     rewrite_readme(text)
+    rewrite_section("kv-quant", kv_quant_table())
+    rewrite_section("host-tier", host_tier_table())
     return 0
 
 

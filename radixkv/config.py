@@ -42,7 +42,7 @@ class EngineConfig:
                                    "process may use, from its CPU affinity)")
     kv_cache_dtype: str = _opt("auto", "how the KV pool stores K and V: auto (the model dtype), float32, "
                                "fp16, bf16, fp8_e4m3, fp8_e5m2, int8 (a scale per token and KV head) "
-                               "or int4 (a scale per 32 values); fewer bytes per token hold more "
+                               "or int4 (a scale and minimum per 16 values); fewer bytes per token hold more "
                                "tokens in the same memory")
     page_size: int = _opt(1, "tokens per KV page; prefix matches and eviction are page-aligned")
     max_total_tokens: int | None = _opt(None, "KV pool size in tokens (default: kv_mem_fraction of "

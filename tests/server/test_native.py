@@ -55,12 +55,16 @@ def test_server_info_health_metrics_and_flush(server):
         assert info["page_size"] == 1 and info["max_total_tokens"] == 16384
         assert set(info["processes"]) == {"http", "scheduler", "detokenizer"}
         pool = info["kv_pool"]
+        s = info["stats"]  # which tier served the prompts (no host tier here: none from the host)
+        assert s["device_hit_tokens"] + s["host_hit_tokens"] + s["recomputed_prompt_tokens"] == s["prompt_tokens"]
+        assert s["host_hit_tokens"] == 0 and s["host_total_tokens"] == 0
         assert pool["free_tokens"] + pool["evictable_tokens"] + pool["protected_tokens"] <= pool["total_tokens"]
         metrics = c.get("/metrics").text
         for name in ("radixkv_cache_hit_rate", "radixkv_prompt_tokens_total", "radixkv_cached_tokens_total",
                      "radixkv_generation_tokens_total", "radixkv_running_requests", "radixkv_waiting_requests",
                      "radixkv_token_usage", "radixkv_time_to_first_token_seconds_bucket",
-                     "radixkv_e2e_request_latency_seconds_bucket"):
+                     "radixkv_e2e_request_latency_seconds_bucket", "radixkv_device_hit_tokens",
+                     "radixkv_host_hit_tokens", "radixkv_recomputed_prompt_tokens", "radixkv_host_total_tokens"):
             assert name in metrics, name
         assert c.post("/flush_cache").json() == {"flushed": True}
         assert c.get("/server_info").json()["kv_pool"]["free_tokens"] == 16384
