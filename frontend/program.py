@@ -51,9 +51,12 @@ def _backend(backend: Backend | None) -> Backend:
 def gen(name: str | None = None, max_tokens: int = 128, stop: str | list[str] | None = None,
         temperature: float = 0.0, top_p: float = 1.0, top_k: int = -1, min_p: float = 0.0,
         frequency_penalty: float = 0.0, presence_penalty: float = 0.0, repetition_penalty: float = 1.0,
-        ignore_eos: bool = False, seed: int | None = None) -> Gen:
+        ignore_eos: bool = False, seed: int | None = None, regex: str | None = None,
+        json_schema: dict | str | None = None, ebnf: str | None = None, jump_forward: bool = True) -> Gen:
     """Generate text into variable `name`. Greedy (`temperature=0`) unless told otherwise, so a
-    program gives the same answer every run."""
+    program gives the same answer every run. `regex`, `json_schema` or `ebnf` constrain the
+    text to a grammar (forced stretches are appended in one step unless `jump_forward=False`);
+    a bad pattern fails here, where the program says it."""
     sampling = {"max_new_tokens": max_tokens, "temperature": temperature, "top_p": top_p, "top_k": top_k,
                 "min_p": min_p, "frequency_penalty": frequency_penalty, "presence_penalty": presence_penalty,
                 "repetition_penalty": repetition_penalty, "ignore_eos": ignore_eos}
@@ -61,6 +64,11 @@ def gen(name: str | None = None, max_tokens: int = 128, stop: str | list[str] | 
         sampling["stop"] = [stop] if isinstance(stop, str) else list(stop)
     if seed is not None:
         sampling["seed"] = seed
+    for key, value in (("regex", regex), ("json_schema", json_schema), ("ebnf", ebnf)):
+        if value is not None:
+            sampling[key] = value
+    if not jump_forward:
+        sampling["jump_forward"] = False
     from radixkv.sampling_params import SamplingParams
 
     SamplingParams.from_dict(sampling)  # a bad value fails here, where the program says it

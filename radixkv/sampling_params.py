@@ -20,6 +20,10 @@ class SamplingParams:
     disable those filters. Penalties follow OpenAI (`frequency_penalty`, `presence_penalty`:
     subtracted per occurrence / once, over generated tokens) and HF (`repetition_penalty`:
     divides positive logits of prompt and generated tokens, multiplies negative ones).
+
+    At most one of `regex`, `json_schema` (a dict or JSON text) and `ebnf` constrains the output
+    to a grammar (see `radixkv.constrained`); its syntax is checked here. `jump_forward` appends
+    the text a grammar forces in one extend instead of decoding it token by token.
     """
 
     max_new_tokens: int = 128
@@ -36,6 +40,10 @@ class SamplingParams:
     presence_penalty: float = 0.0
     repetition_penalty: float = 1.0
     skip_special_tokens: bool = True
+    regex: str | None = None
+    json_schema: str | None = None
+    ebnf: str | None = None
+    jump_forward: bool = True
     extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -71,6 +79,33 @@ class SamplingParams:
             raise bad("stop", "must be non-empty strings")
         if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in self.stop_token_ids):
             raise bad("stop_token_ids", "must be non-negative integers")
+        self._check_grammar(bad)
+
+    def _check_grammar(self, bad) -> None:
+        from radixkv.constrained import GRAMMAR_FIELDS, GrammarSpec, normalise_json_schema
+
+        given = [name for name in GRAMMAR_FIELDS if getattr(self, name) is not None]
+        if len(given) > 1:
+            raise InvalidRequestError(f"sampling_params: give at most one of {list(GRAMMAR_FIELDS)}, got {given}")
+        if not isinstance(self.jump_forward, bool):
+            raise bad("jump_forward", "must be true or false")
+        if not given:
+            return
+        if self.json_schema is not None:  # canonical text: the compiled-grammar cache key
+            object.__setattr__(self, "json_schema", normalise_json_schema(self.json_schema))
+        for name in ("regex", "ebnf"):
+            if getattr(self, name) is not None and (not isinstance(getattr(self, name), str) or not getattr(self, name)):
+                raise bad(name, "must be a non-empty string")
+        if self.ignore_eos:
+            raise bad("ignore_eos", f"cannot be combined with {given[0]}: a finished grammar ends on EOS")
+        GrammarSpec.of(self).check()
+
+    @property
+    def grammar(self):
+        """The `GrammarSpec` this request is constrained by, or None."""
+        from radixkv.constrained import GrammarSpec
+
+        return GrammarSpec.of(self)
 
     @property
     def greedy(self) -> bool:

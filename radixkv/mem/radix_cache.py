@@ -114,6 +114,7 @@ class RadixCache(PrefixCache):
         self.root.lock_ref = 1  # the root is never evicted
         self._candidates: SortedList = SortedList()
         self._host_candidates: SortedList = SortedList()  # host-only leaves, least recently used first
+        self._pinned: set[int] = set()  # host-only nodes being loaded: never host-eviction candidates
         self._evictable_tokens = 0
         self._protected_tokens = 0
 
@@ -278,6 +279,8 @@ class RadixCache(PrefixCache):
             self._drop_host_only(child)
 
     def _add_host_candidate(self, node: TreeNode) -> None:
+        if node.id in self._pinned:
+            return
         entry = (node.last_access, node.id, node)
         node.host_candidate = entry
         self._host_candidates.add(entry)
@@ -294,12 +297,20 @@ class RadixCache(PrefixCache):
         if self.host is None or not match.host_tokens:
             return match
         key = self._as_key(key)
+        path, node, pos = [], match.last_node, match.num_tokens
+        while pos < match.num_tokens + match.host_tokens:  # the host-only nodes to bring back
+            node = node.children[self._child_key(node, key, pos, namespace)]
+            assert not node.on_device and len(node.key) <= match.num_tokens + match.host_tokens - pos
+            path.append(node)
+            pos += len(node.key)
+        for node in path:  # making room on either tier must not drop what we are loading
+            self._pinned.add(node.id)
+            if node.host_candidate is not None:
+                self._drop_host_candidate(node)
         self.lock(match.last_node)  # what is already on the device stays there while we load
-        locked, node, pos = match.last_node, match.last_node, match.num_tokens
+        locked, pos = match.last_node, match.num_tokens
         try:
-            while pos < match.num_tokens + match.host_tokens:
-                child = node.children[self._child_key(node, key, pos, namespace)]
-                assert not child.on_device and len(child.key) <= match.num_tokens + match.host_tokens - pos
+            for child in path:
                 need = len(child.host_pages)
                 if self.allocator.free_pages < need:
                     self.evict((need - self.allocator.free_pages) * self.page_size)
@@ -311,9 +322,13 @@ class RadixCache(PrefixCache):
                 self.stats_host_loaded_tokens += len(child.key)
                 self.lock(child)
                 self.unlock(locked)
-                locked, node, pos = child, child, pos + len(child.key)
+                locked, pos = child, pos + len(child.key)
         finally:
             self.unlock(locked)
+            for node in path:
+                self._pinned.discard(node.id)
+                if not node.on_device and not node.children and node.host_candidate is None:
+                    self._add_host_candidate(node)
         return self.match_prefix(key[:pos], namespace, record_hit=False)
 
     def _attach(self, parent: TreeNode, ck: Any, leaf: TreeNode) -> None:

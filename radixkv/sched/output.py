@@ -48,6 +48,8 @@ class SchedulerStats:
     decode_batch_tokens: int = 0  # decode tokens of pure decode steps
     prefill_tokens: int = 0  # prompt tokens computed (cache hits excluded)
     decode_tokens: int = 0  # decode tokens computed, in any step
+    grammar_mask_seconds: float = 0.0  # filling and applying grammar masks
+    jump_forward_tokens: int = 0  # output tokens a grammar forced, appended without decoding
     step_seconds: dict[str, float] = field(default_factory=lambda: {"extend": 0.0, "decode": 0.0})
     forward_seconds: dict[str, float] = field(default_factory=lambda: {"extend": 0.0, "decode": 0.0})
 

@@ -57,6 +57,7 @@ class Req:
     finish_time: float | None = None
     match_len: int = 0  # scratch: prefix length found by the scheduling policy this round
     logprobs: LogprobState = field(default_factory=LogprobState)
+    grammar: Any = None  # RequestGrammar: where the output stands in its grammar (constrained decoding)
 
     @property
     def seq_ids(self) -> list[int]:

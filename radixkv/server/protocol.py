@@ -90,6 +90,9 @@ class SamplingFields(Strict):
     repetition_penalty: float | None = None
     min_tokens: int | None = None
     ignore_eos: bool | None = None
+    response_format: dict[str, Any] | None = None  # {"type": "text" | "json_object" | "json_schema", ...}
+    regex: str | None = None
+    ebnf: str | None = None
 
 
 class ChatCompletionBody(SamplingFields):
@@ -120,9 +123,9 @@ class CompletionBody(SamplingFields):
 
 MAX_N = 16
 UNSUPPORTED_CHAT = ("logit_bias", "tools", "tool_choice", "parallel_tool_calls",
-                    "functions", "function_call", "response_format", "audio", "modalities", "prediction",
+                    "functions", "function_call", "audio", "modalities", "prediction",
                     "store", "metadata", "service_tier", "reasoning_effort", "web_search_options")
-UNSUPPORTED_COMPLETION = ("echo", "best_of", "suffix", "logit_bias", "response_format")
+UNSUPPORTED_COMPLETION = ("echo", "best_of", "suffix", "logit_bias")
 
 
 def refuse_unsupported(body: dict[str, Any], names: tuple[str, ...]) -> None:
@@ -149,4 +152,27 @@ def sampling_dict(body: SamplingFields, max_new_tokens: int, choice: int = 0) ->
         params["stop"] = [body.stop] if isinstance(body.stop, str) else list(body.stop)
     if body.seed is not None:
         params["seed"] = body.seed + choice
+    for name in ("regex", "ebnf"):
+        if getattr(body, name) is not None:
+            params[name] = getattr(body, name)
+    schema = response_format_schema(body.response_format)
+    if schema is not None:
+        params["json_schema"] = schema
     return params
+
+
+def response_format_schema(fmt: dict[str, Any] | None) -> dict[str, Any] | None:
+    """OpenAI `response_format` -> the JSON schema to constrain to (None: free text)."""
+    if fmt is None:
+        return None
+    kind = fmt.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "object"}
+    if kind == "json_schema":
+        spec = fmt.get("json_schema")
+        if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
+            raise InvalidRequestError("response_format.json_schema.schema: required, a JSON schema object")
+        return spec["schema"]
+    raise InvalidRequestError(f"response_format.type={kind!r}: must be text, json_object or json_schema")

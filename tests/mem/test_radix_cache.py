@@ -184,3 +184,27 @@ def test_no_cache_shares_nothing_and_frees_on_finish():
     assert cache.total_tokens == 0 and cache.evict(10) == 0
     assert alloc.free_pages == 8
     cache.check_invariants(inflight_pages=0)
+
+
+def test_loading_a_prefix_back_never_drops_it_from_the_host_to_make_room():
+    """Regression: making device room for a load demotes other pages to the host; the host LRU
+    must not pick the very prefix being loaded (it did, and the load read freed host pages)."""
+    from radixkv.mem import RadixCache
+    from radixkv.mem.host_tier import HostTier, HostTierConfig
+
+    host = HostTier(HostTierConfig(num_pages=2, page_size=1))
+    cache = RadixCache(PageAllocator(4, 1), "lru", host_tier=host)
+    a, b = [1, 2], [3, 4, 5, 6]
+    for key in (a, b):
+        seq = SeqPages(cache.allocator)
+        seq.extend(len(key))
+        cache.insert(key, seq.pages)
+        seq.release()
+        if key is a:
+            cache.evict(2)  # a goes to the host, which is now full
+    match = cache.match_prefix(a)
+    assert (match.num_tokens, match.host_tokens) == (0, 2)
+    loaded = cache.load_back(match, a)  # room on the device means demoting b, with the host full of a
+    assert loaded.num_tokens == 2 and cache.match_prefix(a).num_tokens == 2
+    cache.check_invariants(inflight_pages=0)
+    assert cache.stats_host_loaded_tokens == 2

@@ -211,7 +211,7 @@ class HostCacheMachine(CacheMachine):
         self.size = page_size
         self.tier = LabelledHostTier(page_size, write_policy)
         self.cache = RadixCache(PageAllocator(NUM_PAGES, page_size), "lru", host_tier=self.tier)
-        self.ref, self.host_ref, self.running = {}, {}, []
+        self.ref, self.host_ref, self.running, self.history = {}, {}, [], []
 
     def expected_match(self, key, ns):
         n, pages = 0, []
@@ -229,8 +229,16 @@ class HostCacheMachine(CacheMachine):
         assert m.host_tokens == h - m.num_tokens
         return m
 
+    @precondition(lambda self: self.history)
+    @rule(data=st.data())
+    def start_again(self, data):
+        """A request for a prompt seen before (a conversation's next turn): its prefix is
+        likely on the host by now."""
+        self.start_request(*data.draw(st.sampled_from(self.history)))
+
     @rule(key=keys, ns=namespaces)
     def start_request(self, key, ns):
+        self.history.append((key, ns))
         m = self.check_match(key, ns)
         if m.host_tokens:
             m = self.cache.load_back(m, key, ns)
