@@ -32,6 +32,7 @@ SCRIPTS = [  # (script, arguments, what it measures)
     ("trace_hit_rate.py", [], "Mooncake trace through the cache simulator"),
     ("kv_quant.py", [], "KV-cache formats: capacity, quality, decode speed"),
     ("host_tier_replay.py", [], "Mooncake trace with a host tier"),
+    ("constrained.py", [], "constrained decoding: mask cost, jump-forward"),
 ]
 
 
@@ -180,6 +181,22 @@ def host_tier_table() -> str | None:
                   f"{when(d)}.\n")
 
 
+def constrained_table() -> str | None:
+    d = load("constrained.json")
+    if not d:
+        return None
+    out = "| measurement | unconstrained | constrained | change |\n|---|---|---|---|\n"
+    for name, r in d["mask_cost"].items():
+        out += (f"| decode step, {name}, JSON schema (masks: {r['mask_share_pct']:.2f}% of the step) | "
+                f"{r['unconstrained_step_ms']:.1f} ms | {r['json_schema_step_ms']:.1f} ms | {r['slowdown_pct']:+.1f}% |\n")
+    j = d["jump_forward"]
+    out += (f"| {j['batch']} requests, schema with long fixed keys: wall time | {j['off']['wall']:.2f} s token by token | "
+            f"{j['on']['wall']:.2f} s with jump-forward | {j['wall_ratio']:.2f}x faster |\n"
+            f"| same: forward steps ({j['on']['forced']:.0f} tokens forced) | {j['off']['steps']:.0f} | "
+            f"{j['on']['steps']:.0f} | {j['steps_ratio']:.2f}x fewer |\n")
+    return out + f"\n`python benchmarks/constrained.py`, {when(d)}.\n"
+
+
 def rewrite_section(name: str, text: str | None) -> None:
     """Replace what is between `<!-- name:begin -->` and `<!-- name:end -->` in README.md."""
     begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
@@ -217,6 +234,7 @@ def main(argv=None) -> int:
     rewrite_readme(text)
     rewrite_section("kv-quant", kv_quant_table())
     rewrite_section("host-tier", host_tier_table())
+    rewrite_section("constrained", constrained_table())
     return 0
 
 

@@ -33,7 +33,7 @@ def test_kv_quant_rejects_an_unknown_format():
 
 def test_host_tier_replay_splits_hits_by_tier(tmp_path):
     out = tmp_path / "h.json"
-    proc = script("host_tier_replay.py", "--limit", "800", "--capacity-tokens", "1000000", "--host-multipliers",
+    proc = script("host_tier_replay.py", "--limit", "400", "--capacity-tokens", "1000000", "--host-multipliers",
                   "0,2", "--json", str(out))
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = json.loads(out.read_text())["rows"]
@@ -43,3 +43,14 @@ def test_host_tier_replay_splits_hits_by_tier(tmp_path):
     assert "host %" in proc.stdout
     proc = script("host_tier_replay.py", "--host-multipliers", "x")
     assert proc.returncode == 2 and "--host-multipliers" in proc.stderr
+
+
+def test_constrained_benchmark_measures_masks_and_jump_forward(tmp_path):
+    out = tmp_path / "c.json"
+    proc = script("constrained.py", "--batch", "1", "--tokens", "8", "--repeats", "1", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert 0 < report["mask_cost"]["batch 1"]["mask_share_pct"] < 50
+    jump = report["jump_forward"]
+    assert jump["on"]["forced"] > 0 and jump["on"]["steps"] < jump["off"]["steps"]
+    assert script("constrained.py", "--tokens", "2").returncode == 2

@@ -52,6 +52,7 @@ def test_mooncake_cli_rejects_bad_flags():
     assert proc.returncode == 2 and "--trace" in proc.stderr
 
 
+@pytest.mark.slow
 def test_mooncake_replay_against_the_real_server(tmp_path):
     out = tmp_path / "m.json"
     proc = script("mooncake_e2e.py", "--requests", "40", "--time-scale", "0.02", "--capacity", "4096",

@@ -56,7 +56,7 @@ def test_replay_of_a_chat_trace_hits_the_shared_history(tmp_path):
 
 @needs_trace
 def test_a_host_tier_adds_host_hits_on_top_of_the_same_device_hits(mooncake):
-    trace = mooncake[:1500]
+    trace = mooncake[:800]
     none = replay(trace, "lru", capacity_tokens=1_000_000, page_size=512)
     rows = {m: replay(trace, "lru", capacity_tokens=1_000_000, page_size=512, host_capacity_tokens=m * 1_000_000,
                       check_every=100) for m in (2, 4)}
