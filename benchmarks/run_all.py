@@ -33,6 +33,7 @@ SCRIPTS = [  # (script, arguments, what it measures)
     ("kv_quant.py", [], "KV-cache formats: capacity, quality, decode speed"),
     ("host_tier_replay.py", [], "Mooncake trace with a host tier"),
     ("constrained.py", [], "constrained decoding: mask cost, jump-forward"),
+    ("routing_replay.py", [], "routing policies over replicas on the Mooncake trace"),
 ]
 
 

@@ -107,6 +107,25 @@ def build_parser() -> argparse.ArgumentParser:
     add_sampling_flags(chat)
     add_engine_flags(chat)
     add_kv_size_parser(sub)
+
+    rtr = sub.add_parser(
+        "router", help="route requests over several `radixkv serve` workers, by cached prefix",
+        description="One HTTP front (the same API as `radixkv serve`) for N workers: each request goes to "
+                    "the worker that probably has its prefix cached (cache_aware), or by round_robin / "
+                    "least_load. Workers that fail are taken out and used again once healthy; a request "
+                    "that failed before any reply is retried on another worker.")
+    rtr.add_argument("--worker", action="append", required=True, metavar="URL",
+                     help="a worker's base URL, e.g. http://127.0.0.1:30001 (repeat for each worker)")
+    rtr.add_argument("--policy", default="cache_aware", choices=("cache_aware", "round_robin", "least_load"),
+                     help="routing policy (default: %(default)s)")
+    rtr.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
+    rtr.add_argument("--port", type=int, default=30000, help="port to listen on (default: %(default)s)")
+    rtr.add_argument("--api-key", default=None, help="required from clients as 'Authorization: Bearer KEY' "
+                     "(except /health) and sent to the workers (default: none)")
+    rtr.add_argument("--health-interval", type=float, default=2.0,
+                     help="seconds between health checks of every worker (default: %(default)s)")
+    rtr.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"),
+                     help="log verbosity (default: %(default)s)")
     return parser
 
 
@@ -257,6 +276,12 @@ def run_serve(args: argparse.Namespace) -> int:
                  served_model_name=args.served_model_name, max_body_bytes=args.max_body_bytes)
 
 
+def run_router(args: argparse.Namespace) -> int:
+    from radixkv.router.launch import serve_router
+
+    return serve_router(args)
+
+
 def run_kv_size(args: argparse.Namespace) -> int:
     import json
 
@@ -284,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return {"generate": run_generate, "chat": run_chat, "serve": run_serve,
-                "kv-size": run_kv_size}[args.command](args)
+                "kv-size": run_kv_size, "router": run_router}[args.command](args)
     except (ConfigError, ModelLoadError, InvalidRequestError) as e:
         print(f"radixkv: error: {e}", file=sys.stderr)
         return 2

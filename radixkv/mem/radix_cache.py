@@ -317,7 +317,11 @@ class RadixCache(PrefixCache):
                 if self.allocator.free_pages < need:
                     break  # the device is full of locked pages: the rest is recomputed
                 pages = self.allocator.alloc(need)
-                self.host.load(child.host_pages, pages)
+                try:
+                    self.host.load(child.host_pages, pages)
+                except BaseException:
+                    self.allocator.decref(pages)  # the copy failed: the pages go back, the node stays on the host
+                    raise
                 self._to_device(child, pages)
                 self.stats_host_loaded_tokens += len(child.key)
                 self.lock(child)

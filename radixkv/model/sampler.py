@@ -50,7 +50,9 @@ class Sampler:
             if row.suppress_ids:
                 logits[i, list(row.suppress_ids)] = float("-inf")
         out = logits.argmax(dim=-1).tolist()  # (B,) greedy for everyone; sampled rows overwrite
-        sampled = [i for i, r in enumerate(rows) if not r.params.greedy]
+        alive = torch.isfinite(logits).any(dim=-1).tolist()  # a row with no allowed token cannot be
+        # sampled (it would be NaN): it keeps the argmax, which its caller rejects, and the batch goes on
+        sampled = [i for i, r in enumerate(rows) if not r.params.greedy and alive[i]]
         if sampled:
             probs = filtered_probs(logits[sampled], [rows[i].params for i in sampled])  # (S, V)
             for j, i in enumerate(sampled):

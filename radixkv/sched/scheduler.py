@@ -320,8 +320,10 @@ class Scheduler:
         wants = [i for i, r in enumerate(sampling) if r.logprob.return_logprob and r.params.max_new_tokens]
         raw = logits[wants].clone() if wants else None  # the model's own distribution, before sampling edits it
         self._apply_grammars(sampling, logits)
+        # a completed grammar allows only stop tokens: min_new_tokens cannot hold it back
         rows = [SamplingRow(r.params, r.generator, r.output_ids, r.prompt_ids,
-                            suppressed_ids(r, self.eos_ids)) for r in sampling]
+                            () if r.grammar is not None and r.grammar.completed else suppressed_ids(r, self.eos_ids))
+                for r in sampling]
         tokens = self.sampler.sample(logits, rows) if sampling else []
         if wants:
             top_n = max(sampling[i].logprob.top_n for i in wants)
@@ -376,6 +378,8 @@ class Scheduler:
         if not req.grammar.accept(token):  # cannot happen under the mask; never crash the batch
             logger.error("request %s: token %d rejected by its grammar", req.rid, token)
             return {"type": "abort", "message": "the output left its grammar"}
+        if req.grammar.terminated and reason is None:  # it took its stop token: done, min_new_tokens or not
+            return {"type": "stop", "matched": token}
         if reason is not None or not req.params.jump_forward or req.logprob.return_logprob:
             return reason
         limit = min(req.remaining_new_tokens, self.runner.context_length - req.seq_len)

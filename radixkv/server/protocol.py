@@ -84,6 +84,7 @@ class SamplingFields(Strict):
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
     user: str | None = None  # the end user's id: recorded in the request log
+    prompt_cache_key: str | None = None  # OpenAI's cache-routing hint: the router pins on it; one server ignores it
     # extensions (as in SGLang and vLLM)
     top_k: int | None = None
     min_p: float | None = None

@@ -149,6 +149,25 @@ def build_cache(
     return RadixCache(allocator, make_policy(policy, attention_scale), host_tier=host), None
 
 
+def serve_and_cache(cache: PrefixCache, key: Sequence[int], match) -> bool:
+    """What a server does with a request whose prefix `match` is cached: lock it, take pages for
+    the rest (evicting if needed), compute, and cache the whole prompt. False when the prompt is
+    larger than everything the pool can free (served, but not cached)."""
+    allocator = cache.allocator
+    cache.lock(match.last_node)
+    seq = SeqPages.from_prefix(allocator, match.pages, match.num_tokens)
+    need = seq.pages_needed(len(key) - match.num_tokens)
+    if allocator.free_pages < need:
+        cache.evict((need - allocator.free_pages) * cache.page_size)
+    if allocator.free_pages < need:
+        cache.unlock(match.last_node)
+        seq.release()
+        return False
+    seq.extend(len(key) - match.num_tokens)
+    cache.cache_finished(key, seq, match.last_node)
+    return True
+
+
 def replay(
     trace: Sequence[TraceRequest],
     policy: str | EvictionPolicy = "lru",
@@ -191,18 +210,7 @@ def replay(
         prompt_tokens += len(key)
         work += token_cost_prefix_sum(len(key), attention_scale)
         saved += token_cost_prefix_sum(match.num_tokens, attention_scale)
-        cache.lock(match.last_node)
-        seq = SeqPages.from_prefix(allocator, match.pages, match.num_tokens)
-        need = seq.pages_needed(len(key) - match.num_tokens)
-        if allocator.free_pages < need:
-            cache.evict((need - allocator.free_pages) * page_size)
-        if allocator.free_pages >= need:
-            seq.extend(len(key) - match.num_tokens)
-            cache.cache_finished(key, seq, match.last_node)
-        else:  # larger than everything the pool can free: served without caching
-            uncached += 1
-            cache.unlock(match.last_node)
-            seq.release()
+        uncached += not serve_and_cache(cache, key, match)
         if check_every and i % check_every == 0:
             cache.check_invariants(inflight_pages=0)
         if progress is not None:

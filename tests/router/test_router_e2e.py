@@ -1,0 +1,100 @@
+"""The router in front of two real workers (the default model): conversations stick to the
+worker that caches them, `prompt_cache_key` pins, streams pass through unchanged, and a worker
+that dies is routed around and used again once it is back."""
+
+import concurrent.futures
+import time
+
+import openai
+import pytest
+
+from tests.server_helpers import API_KEY, start_server, stop_server
+
+MODEL = "SmolLM2-135M-Instruct"
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    workers = [start_server("--max-total-tokens", "4096") for _ in range(2)]
+    urls = [w.url for w in workers]
+    router = start_server(*[a for u in urls for a in ("--worker", u)], "--health-interval", "0.5",
+                          command=("router",))
+    yield router, workers
+    for s in (router, *workers):
+        stop_server(s)
+
+
+def routed(router) -> list[int]:
+    return [w["routed"] for w in router.info()["router"]["workers"]]
+
+
+def client(server):
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key=API_KEY, timeout=120, max_retries=0)
+
+
+def test_a_conversation_stays_on_one_worker_and_its_cache_grows(cluster):
+    router, _ = cluster
+    c = client(router)
+    before = routed(router)
+    messages = [{"role": "system", "content": "You are a helpful assistant who answers in one sentence."}]
+    cached = []
+    for question in ("What is a lighthouse?", "Who kept them?", "Are they still used?"):
+        messages.append({"role": "user", "content": question})
+        r = c.chat.completions.create(model=MODEL, messages=messages, max_tokens=12, temperature=0)
+        messages.append({"role": "assistant", "content": r.choices[0].message.content})
+        cached.append(r.usage.prompt_tokens_details.cached_tokens)
+    delta = [a - b for a, b in zip(routed(router), before)]
+    assert sorted(delta) == [0, 3]  # every turn went to the same worker
+    assert cached[1] > cached[0] and cached[2] > cached[1]
+
+
+def test_prompt_cache_key_pins_a_conversation(cluster):
+    router, _ = cluster
+    c = client(router)
+    before = routed(router)
+    for i in range(3):  # unrelated prompts, one key: one worker
+        c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": f"Count to {i + 2}."}],
+                                  max_tokens=4, temperature=0, extra_body={"prompt_cache_key": "conv-7"})
+    assert sorted(a - b for a, b in zip(routed(router), before)) == [0, 3]
+
+
+def test_streaming_through_the_router_equals_the_worker(cluster):
+    router, workers = cluster
+    ask = dict(model=MODEL, messages=[{"role": "user", "content": "Name three colours."}], max_tokens=12,
+               temperature=0, stream=True)
+    via_router = "".join(ch.choices[0].delta.content or "" for ch in client(router).chat.completions.create(**ask)
+                         if ch.choices)
+    direct = "".join(ch.choices[0].delta.content or "" for ch in client(workers[0]).chat.completions.create(**ask)
+                     if ch.choices)
+    assert via_router == direct and via_router
+
+
+@pytest.mark.slow  # about 100 s: a worker stops and restarts; run with -m slow
+def test_a_dead_worker_is_routed_around_and_used_again_when_back(cluster):
+    router, workers = cluster
+    c = client(router)
+
+    def ask(i):
+        return c.completions.create(model=MODEL, prompt=f"Fact number {i} about the sea:", max_tokens=8,
+                                    temperature=0).choices[0].text
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        futures = [pool.submit(ask, i) for i in range(16)]
+        time.sleep(0.5)
+        port = workers[0].port
+        stop_server(workers[0])  # dies mid-run
+        answers = [f.result(timeout=120) for f in futures]
+    assert len(answers) == 16  # nothing lost: requests that got no reply were retried on the other
+    with router.client() as h:
+        assert h.get("/health").status_code == 200
+    info = router.info()["router"]
+    assert [w["healthy"] for w in info["workers"]] == [False, True]
+    workers[0] = start_server("--max-total-tokens", "4096", port=port)  # comes back on the same address
+    deadline = time.monotonic() + 30
+    while not router.info()["router"]["workers"][0]["healthy"]:
+        assert time.monotonic() < deadline, "the router never saw the worker come back"
+        time.sleep(0.2)
+    before = routed(router)
+    for i in range(4):
+        ask(100 + i)
+    assert routed(router)[0] > before[0]  # used again
