@@ -98,6 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
                      "OpenAI requests (default: SmolLM2-135M-Instruct, or the model directory's name)")
     srv.add_argument("--max-body-bytes", type=int, default=None, help="largest request body accepted; "
                      "larger ones get HTTP 413 (default: 8 MiB)")
+    srv.add_argument("--dp", type=int, default=1, help="data parallelism: start this many workers (on "
+                     "ports PORT+1 .. PORT+N, each with these engine flags) behind a cache-aware router "
+                     "on PORT (default: 1, no router)")
     add_engine_flags(srv)
 
     chat = sub.add_parser("chat", help="chat in the terminal",
@@ -271,7 +274,11 @@ def run_serve(args: argparse.Namespace) -> int:
     from radixkv.config import EngineConfig
     from radixkv.server.launch import serve
 
-    config = EngineConfig.from_kwargs(**engine_options(args))
+    config = EngineConfig.from_kwargs(**engine_options(args))  # validated here, once, for every worker
+    if args.dp != 1:
+        from radixkv.router.launch import serve_data_parallel
+
+        return serve_data_parallel(args)
     return serve(config, host=args.host, port=args.port, api_key=args.api_key,
                  served_model_name=args.served_model_name, max_body_bytes=args.max_body_bytes)
 
@@ -302,6 +309,7 @@ def run_kv_size(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     if args.command is None:
         parser.print_help()
         return 2

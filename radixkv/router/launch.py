@@ -55,3 +55,88 @@ def serve_router(args: argparse.Namespace) -> int:
         pass
     logging.getLogger(__name__).info("router stopped")
     return 0
+
+
+MAX_DP = 16
+WORKER_READY_TIMEOUT = 600
+
+
+def _worker_argv(argv: list[str], port: int) -> list[str]:
+    """The `serve` command line without --dp/--port/--host, for a worker on 127.0.0.1:`port`."""
+    out, skip = [], False
+    for i, a in enumerate(argv):
+        if skip:
+            skip = False
+            continue
+        name = a.split("=", 1)[0]
+        if name in ("--dp", "--port", "--host"):
+            skip = "=" not in a
+            continue
+        out.append(a)
+    return [sys.executable, "-m", "radixkv", *out, "--port", str(port), "--host", "127.0.0.1"]
+
+
+def serve_data_parallel(args: argparse.Namespace) -> int:
+    """`radixkv serve --dp N`: N workers on PORT+1..PORT+N and a cache-aware router on PORT;
+    Ctrl-C or SIGTERM stops them all."""
+    import os
+    import signal
+    import subprocess
+    import threading
+    import time
+
+    if not 1 < args.dp <= MAX_DP:
+        print(f"radixkv: error: --dp {args.dp}: must be in 1..{MAX_DP}", file=sys.stderr)
+        return 2
+    if not (0 < args.port and args.port + args.dp < 65536):
+        print(f"radixkv: error: --port {args.port}: PORT..PORT+{args.dp} must be valid ports", file=sys.stderr)
+        return 2
+    procs: list[subprocess.Popen] = []
+    ready = [threading.Event() for _ in range(args.dp)]
+
+    def relay(i: int, proc: subprocess.Popen) -> None:
+        for line in proc.stdout:
+            if line.startswith("radixkv ready:"):
+                ready[i].set()
+            else:
+                sys.stderr.write(f"[worker {i}] {line}")
+
+    def stop_all() -> None:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        for p in procs:
+            try:
+                p.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+    def interrupt(*_):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)  # while workers load; uvicorn takes over after
+    try:
+        for i in range(args.dp):
+            cmd = _worker_argv(args.argv, args.port + 1 + i)
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                    env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            procs.append(proc)
+            threading.Thread(target=relay, args=(i, proc), daemon=True).start()
+        deadline = time.monotonic() + WORKER_READY_TIMEOUT
+        for i, proc in enumerate(procs):
+            while not ready[i].wait(0.2):
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    print(f"radixkv: error: worker {i} (port {args.port + 1 + i}) did not start "
+                          f"(exit {proc.poll()})", file=sys.stderr)
+                    return 1
+        router_args = argparse.Namespace(
+            worker=[f"http://127.0.0.1:{args.port + 1 + i}" for i in range(args.dp)], policy="cache_aware",
+            host=args.host, port=args.port, api_key=args.api_key, health_interval=2.0, log_level=args.log_level)
+        return serve_router(router_args)
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        stop_all()

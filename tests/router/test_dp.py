@@ -1,0 +1,37 @@
+"""`radixkv serve --dp 2`: two workers behind a router from one command, and all of them gone
+after SIGTERM."""
+
+import time
+
+import psutil
+import pytest
+
+from tests.server_helpers import start_server, stop_server
+
+
+@pytest.mark.slow  # starts two model servers and a router (about 40 s)
+def test_serve_dp_starts_workers_behind_a_router_and_stops_them_all():
+    server = start_server("--dp", "2", "--max-total-tokens", "2048")
+    try:
+        with server.client() as c:
+            r = c.post("/generate", json={"text": "Hello", "sampling_params": {"max_new_tokens": 4}})
+            assert r.status_code == 200 and r.json()["meta_info"]["completion_tokens"] == 4
+            info = c.get("/server_info").json()
+        assert len(info["router"]["workers"]) == 2 and all(w["healthy"] for w in info["router"]["workers"])
+        children = psutil.Process(server.proc.pid).children(recursive=True)
+        assert len(children) >= 2
+    finally:
+        assert stop_server(server) == 0
+    deadline = time.monotonic() + 30
+    while any(c.is_running() and c.status() != psutil.STATUS_ZOMBIE for c in children):
+        assert time.monotonic() < deadline, "a worker outlived the router"
+        time.sleep(0.2)
+
+
+def test_serve_dp_refuses_a_bad_count():
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "radixkv", "serve", "--dp", "99"], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2 and "--dp" in proc.stderr
