@@ -32,6 +32,7 @@ def test_lru_over_10000_pages_reproduces_the_reference_hit_rate(mooncake):
 
 
 @needs_trace
+@pytest.mark.slow  # 36 s; the bounds' reference figures are checked in test_lru/unlimited above
 def test_the_offline_bounds_order_the_policies_on_a_slice(mooncake):
     head = mooncake[:1500]
     online = ("lru", "lfu", "fifo", "reuse", "reuse-cost")
