@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
@@ -45,6 +47,7 @@ def test_host_tier_replay_splits_hits_by_tier(tmp_path):
     assert proc.returncode == 2 and "--host-multipliers" in proc.stderr
 
 
+@pytest.mark.slow  # 30 s; jump-forward and masks are also tested in tests/sched/test_constrained.py
 def test_constrained_benchmark_measures_masks_and_jump_forward(tmp_path):
     out = tmp_path / "c.json"
     proc = script("constrained.py", "--batch", "1", "--tokens", "8", "--repeats", "1", "--json", str(out))
