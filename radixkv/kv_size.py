@@ -50,6 +50,23 @@ DEFAULT_CONTEXT = 4096
 """Tokens per request when neither the caller nor the config (max_position_embeddings) says."""
 
 
+def int4_group(head_dim: int) -> int:
+    """Values of `head_dim` sharing one int4 (scale, minimum) pair."""
+    return INT4_GROUP if head_dim % INT4_GROUP == 0 else head_dim
+
+
+def bytes_per_head(kv_dtype: str, head_dim: int) -> int:
+    """Bytes of one (token, KV head) of K or V stored as `kv_dtype` (not 'auto'), scales
+    included: the layouts of the runtime's pools (`radixkv.mem.kv_pool`)."""
+    if kv_dtype == "int8":
+        return head_dim + _SCALE_BYTES
+    if kv_dtype == "int4":
+        if head_dim % 2:
+            raise ConfigError(f"int4 KV needs an even head_dim, got {head_dim}")
+        return head_dim // 2 + _PAIR_BYTES * (head_dim // int4_group(head_dim))
+    return head_dim * _ELEMENT_BYTES[kv_dtype]
+
+
 def canonical_kv_dtype(name: str) -> str:
     """The canonical name of a KV dtype ('auto' stays 'auto'); raises ConfigError if unknown."""
     key = name.strip().lower()
@@ -92,14 +109,9 @@ class KVGeometry:
 
     def bytes_per_head(self, kv_dtype: str) -> int:
         """Bytes of one (token, KV head) of one stored tensor in `kv_dtype` (not 'auto')."""
-        if kv_dtype == "int8":
-            return self.head_dim + _SCALE_BYTES
-        if kv_dtype == "int4":
-            if self.head_dim % 2:  # the pool packs two values per byte and refuses this too
-                raise ConfigError(f"{self.source}: int4 KV needs an even head_dim, got {self.head_dim}")
-            group = INT4_GROUP if self.head_dim % INT4_GROUP == 0 else self.head_dim
-            return self.head_dim // 2 + _PAIR_BYTES * (self.head_dim // group)
-        return self.head_dim * _ELEMENT_BYTES[kv_dtype]
+        if kv_dtype == "int4" and self.head_dim % 2:  # the pool packs two values per byte and refuses this too
+            raise ConfigError(f"{self.source}: int4 KV needs an even head_dim, got {self.head_dim}")
+        return bytes_per_head(kv_dtype, self.head_dim)
 
     def size(self, kv_dtype: str = "auto") -> KVSize:
         """The KV cost of this model stored as `kv_dtype` ('auto': the config's dtype)."""

@@ -99,24 +99,25 @@ class HostKVTier(HostTier):
         self.pool.write_pages(dst, [host.index_select(0, src) for host in self.storage])
 
 
-_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-
-
 def parse_host_size(text: str | int) -> tuple[str, int]:
     """`--host-kv-size`: a plain number is tokens ("200000"), a number with a unit is bytes
-    ("2GiB", "512MB"). Returns ("tokens" | "bytes", amount)."""
-    s = str(text).strip().lower().replace("_", "")
-    num = s.rstrip("abcdefghijklmnopqrstuvwxyz")
-    unit = s[len(num):]
+    ("2GiB", "512MB"; units as in `radixkv kv-size`). Returns ("tokens" | "bytes", amount)."""
+    from radixkv.kv_size import parse_size
+
+    s = str(text).strip()
+    bad = ConfigError(f"host_kv_size={text!r}: give tokens (e.g. 200000) or bytes with a unit "
+                      f"(e.g. 2GiB, 512MB)")
+    if not any(c.isalpha() for c in s):
+        if not s.isdigit() or int(s) <= 0:
+            raise bad
+        return "tokens", int(s)
     try:
-        value = float(num)
-    except ValueError:
-        value = -1.0
-    if value <= 0 or (unit and unit not in _UNITS) or (not unit and not value.is_integer()):
-        raise ConfigError(f"host_kv_size={text!r}: give tokens (e.g. 200000) or bytes with a unit "
-                          f"(e.g. 2GiB, 512MB)")
-    return ("bytes", int(value * _UNITS[unit])) if unit else ("tokens", int(value))
+        amount = parse_size(s)
+    except ConfigError:
+        raise bad from None
+    if amount <= 0:
+        raise bad
+    return "bytes", amount
 
 
 def host_tier_pages(size: str | int, page_size: int, bytes_per_page: int) -> int:

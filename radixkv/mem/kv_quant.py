@@ -22,9 +22,10 @@ from __future__ import annotations
 import torch
 
 from radixkv.errors import ConfigError
+from radixkv import kv_size
+from radixkv.kv_size import INT4_GROUP, bytes_per_head
 
 KV_CACHE_DTYPES = ("auto", "float32", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2", "int8", "int4")
-INT4_GROUP = 16
 SCALE_DTYPE = torch.float32  # int8: one per token and KV head
 INT4_SCALE_DTYPE = torch.float16  # int4: a (scale, minimum) pair per group
 _MIN_SCALE = 1e-8  # an all-zero head quantises to zeros, not NaN
@@ -44,23 +45,17 @@ def int4_group(head_dim: int) -> int:
     """Values sharing one int4 scale."""
     if head_dim % 2:
         raise ConfigError(f"int4 KV needs an even head_dim (two values per byte), got {head_dim}")
-    return INT4_GROUP if head_dim % INT4_GROUP == 0 else head_dim
+    return kv_size.int4_group(head_dim)
 
 
 def bytes_per_head_token(kv_cache_dtype: str, head_dim: int, model_dtype: torch.dtype) -> int:
     """Bytes one token's K (or V) of one KV head takes in the pool, scales included."""
     if kv_cache_dtype == "auto":
         return head_dim * torch.empty((), dtype=model_dtype).element_size()
-    if kv_cache_dtype in FLOAT_FORMATS:
-        return head_dim * torch.empty((), dtype=FLOAT_FORMATS[kv_cache_dtype]).element_size()
-    if kv_cache_dtype in FP8_FORMATS:
-        return head_dim
-    scale = torch.empty((), dtype=SCALE_DTYPE).element_size()
-    if kv_cache_dtype == "int8":
-        return head_dim + scale
     if kv_cache_dtype == "int4":
-        pair = 2 * torch.empty((), dtype=INT4_SCALE_DTYPE).element_size()
-        return head_dim // 2 + pair * (head_dim // int4_group(head_dim))
+        int4_group(head_dim)  # refuses an odd head_dim, naming the reason
+    if kv_cache_dtype in KV_CACHE_DTYPES:
+        return bytes_per_head(kv_cache_dtype, head_dim)  # one arithmetic, shared with `radixkv kv-size`
     raise ConfigError(f"kv_cache_dtype={kv_cache_dtype!r}: must be one of {list(KV_CACHE_DTYPES)}")
 
 

@@ -320,10 +320,8 @@ class Scheduler:
         wants = [i for i, r in enumerate(sampling) if r.logprob.return_logprob and r.params.max_new_tokens]
         raw = logits[wants].clone() if wants else None  # the model's own distribution, before sampling edits it
         self._apply_grammars(sampling, logits)
-        # a completed grammar allows only stop tokens: min_new_tokens cannot hold it back
         rows = [SamplingRow(r.params, r.generator, r.output_ids, r.prompt_ids,
-                            () if r.grammar is not None and r.grammar.completed else suppressed_ids(r, self.eos_ids))
-                for r in sampling]
+                            suppressed_ids(r, self.eos_ids)) for r in sampling]
         tokens = self.sampler.sample(logits, rows) if sampling else []
         if wants:
             top_n = max(sampling[i].logprob.top_n for i in wants)

@@ -17,8 +17,11 @@ class Decoder(Protocol):
 
 
 def suppressed_ids(req: Req, eos_ids: frozenset[int]) -> tuple[int, ...]:
-    """Tokens the sampler must not pick yet (EOS and stop ids before min_new_tokens)."""
+    """Tokens the sampler must not pick yet (EOS and stop ids before min_new_tokens). A
+    completed grammar allows only stop tokens, so min_new_tokens cannot hold it back."""
     if len(req.output_ids) >= req.params.min_new_tokens:
+        return ()
+    if req.grammar is not None and req.grammar.completed:
         return ()
     ids = set(req.params.stop_token_ids)
     if not req.params.ignore_eos:

@@ -213,13 +213,6 @@ class HostCacheMachine(CacheMachine):
         self.cache = RadixCache(PageAllocator(NUM_PAGES, page_size), "lru", host_tier=self.tier)
         self.ref, self.host_ref, self.running, self.history = {}, {}, [], []
 
-    def expected_match(self, key, ns):
-        n, pages = 0, []
-        while n + self.size <= len(key) and (ns, tuple(key[: n + self.size])) in self.ref:
-            n += self.size
-            pages.append(self.ref[(ns, tuple(key[:n]))])
-        return n, pages
-
     def check_match(self, key, ns):
         m = self.cache.match_prefix(key, ns)
         assert (m.num_tokens, m.pages) == self.expected_match(key, ns)
