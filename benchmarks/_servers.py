@@ -91,3 +91,13 @@ def start_vllm(model_dir: str, block_size: int, max_model_len: int = 4096, timeo
         server.stop()
         return None, reason
     return server, None
+
+
+def start_engine(engine: str, model_dir: str, *radixkv_flags: str) -> tuple[Server | None, str | None]:
+    """The server for a benchmark's engine name: `vllm-bN` (vLLM at block size N) or a radixkv
+    variant started with `radixkv_flags` (a `...-no-cache` name adds --disable-radix-cache).
+    (server, None), or (None, why a peer could not start)."""
+    if engine.startswith("vllm"):
+        return start_vllm(model_dir, block_size=int(engine.split("-b")[1]))
+    no_cache = ["--disable-radix-cache"] if engine.endswith("no-cache") else []
+    return start_radixkv(*radixkv_flags, *no_cache), None

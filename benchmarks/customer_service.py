@@ -28,7 +28,7 @@ from tqdm import tqdm
 
 from _load import complete, summary
 from _report import RESULTS, machine, save_json
-from _servers import start_radixkv, start_vllm
+from _servers import start_engine
 
 PROSE = Path(__file__).resolve().parent / "data" / "prose.txt"
 ENGINES = ("radixkv", "radixkv-no-cache", "vllm-b32", "vllm-b128", "transformers")
@@ -177,16 +177,12 @@ def main(argv=None) -> int:
         if engine == "transformers":
             results[engine] = measure_transformers(model_dir, w, bar)
             continue
-        if engine.startswith("vllm"):
-            server, reason = start_vllm(model_dir, block_size=int(engine.split("-b")[1]))
-            if server is None:
-                skipped[engine] = reason
-                print(f"\n{engine}: not run: {reason[:400]}", flush=True)
-                bar.update(2 * args.repeats + 1)
-                continue
-        else:
-            flags = ["--max-total-tokens", "65536"] + (["--disable-radix-cache"] if engine.endswith("no-cache") else [])
-            server = start_radixkv(*flags)
+        server, reason = start_engine(engine, model_dir, "--max-total-tokens", "65536")
+        if server is None:
+            skipped[engine] = reason
+            print(f"\n{engine}: not run: {reason[:400]}", flush=True)
+            bar.update(2 * args.repeats + 1)
+            continue
         try:
             results[engine] = asyncio.run(measure_server(server.url, server.model, w, sessions, bar))
         finally:

@@ -28,7 +28,7 @@ from tqdm import tqdm
 
 from _load import complete, summary
 from _report import RESULTS, machine, save_json
-from _servers import start_radixkv, start_vllm
+from _servers import start_engine
 
 PROSE = Path(__file__).resolve().parent / "data" / "prose.txt"
 ENGINES = ("radixkv-lpm", "radixkv-fcfs", "radixkv-no-cache", "vllm-b32", "vllm-b128", "transformers")
@@ -164,17 +164,13 @@ def main(argv=None) -> int:
             closed[engine] = transformers_closed(model_dir, tokenizer, firsts, follow, args.answer_tokens, bar)
             bar.update(len(requests))
             continue
-        if engine.startswith("vllm"):
-            server, reason = start_vllm(model_dir, block_size=int(engine.split("-b")[1]))
-            if server is None:
-                skipped[engine] = reason
-                print(f"\n{engine}: not run: {reason[:400]}", flush=True)
-                bar.update(per_engine)
-                continue
-        else:
-            policy = "fcfs" if engine.endswith("fcfs") else "lpm"
-            flags = ["--max-total-tokens", "65536", "--schedule-policy", policy]
-            server = start_radixkv(*flags, *(["--disable-radix-cache"] if engine.endswith("no-cache") else []))
+        policy = "fcfs" if engine.endswith("fcfs") else "lpm"
+        server, reason = start_engine(engine, model_dir, "--max-total-tokens", "65536", "--schedule-policy", policy)
+        if server is None:
+            skipped[engine] = reason
+            print(f"\n{engine}: not run: {reason[:400]}", flush=True)
+            bar.update(per_engine)
+            continue
         try:
             closed[engine] = asyncio.run(closed_loop(server.url, server.model, tokenizer, firsts, follow,
                                                      args.answer_tokens, bar))
