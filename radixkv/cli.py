@@ -28,21 +28,25 @@ SAMPLING_FLAGS = {
 }
 
 
+# short spellings users know from SGLang and vLLM
+FLAG_ALIASES = {"tp_size": ["--tp"]}
+
+
 def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     """One flag per `EngineConfig` field, with its documented meaning and default."""
     from radixkv.config import EngineConfig
 
     group = parser.add_argument_group("engine options")
     for f in fields(EngineConfig):
-        flag = "--" + f.name.replace("_", "-")
+        flags = ["--" + f.name.replace("_", "-"), *FLAG_ALIASES.get(f.name, [])]
         default = None if f.default is MISSING else f.default
         help_text = f"{f.metadata.get('help', '')} (default: {default})"
         if f.type == "bool":
-            group.add_argument(flag, action="store_true", default=default, help=help_text)
+            group.add_argument(*flags, action="store_true", default=default, help=help_text)
             continue
         kind = {"int": int, "int | None": int, "float": float}.get(f.type, str)
-        group.add_argument(flag, type=kind, default=default, help=help_text,
-                           metavar=f.name.upper())
+        group.add_argument(*flags, type=kind, default=default, help=help_text,
+                           metavar=f.name.upper(), dest=f.name)
 
 
 def add_sampling_flags(parser: argparse.ArgumentParser) -> None:

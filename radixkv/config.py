@@ -40,6 +40,10 @@ class EngineConfig:
                                   "reference (masked SDPA: slow, the ground truth for debugging)")
     num_threads: int | None = _opt(None, "torch compute threads of the model (default: the cores this "
                                    "process may use, from its CPU affinity)")
+    tp_size: int = _opt(1, "tensor parallelism: run the model as this many processes (ranks), each "
+                        "holding 1/N of the attention heads, KV heads, MLP and vocabulary, joined by "
+                        "torch.distributed (gloo on CPU, NCCL on CUDA: one GPU per rank); must divide the "
+                        "model's attention and KV heads")
     kv_cache_dtype: str = _opt("auto", "how the KV pool stores K and V: auto (the model dtype), float32, "
                                "fp16, bf16, fp8_e4m3, fp8_e5m2, int8 (a scale per token and KV head) "
                                "or int4 (a scale and minimum per 16 values); fewer bytes per token hold more "
@@ -85,6 +89,12 @@ class EngineConfig:
               "must be auto, torch, triton or reference")
         check(self.num_threads is None or (isinstance(self.num_threads, int) and self.num_threads >= 1),
               "num_threads", "must be a positive integer (or unset: the usable cores)")
+        check(isinstance(self.tp_size, int) and self.tp_size >= 1, "tp_size", "must be a positive integer")
+        if self.tp_size > 1 and self.torch_device.type == "cuda":
+            check(self.device in ("auto", "cuda"), "tp_size", "with CUDA, the ranks take cuda:0..N-1: "
+                  "give device=cuda (or auto), not one GPU")
+            check(torch.cuda.device_count() >= self.tp_size, "tp_size",
+                  f"needs one GPU per rank; this machine has {torch.cuda.device_count()}")
         from radixkv.mem.kv_quant import KV_CACHE_DTYPES
 
         check(self.kv_cache_dtype in KV_CACHE_DTYPES, "kv_cache_dtype", f"must be one of {list(KV_CACHE_DTYPES)}")

@@ -66,3 +66,9 @@ class UnknownVariableError(FrontendError, KeyError):
 
 class BackendUnreachable(FrontendError):
     """The runtime a program talks to cannot be reached (no server at the URL, or it died)."""
+
+
+class TensorParallelError(EngineError):
+    """A tensor-parallel rank failed to start or died: the message names the rank and why.
+
+    The ranks compute every forward together, so after one is lost none can go on."""

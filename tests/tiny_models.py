@@ -14,6 +14,11 @@ TINY = {
                          "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                          "original_max_position_embeddings": 64}),
     "qwen2": lambda: Qwen2Config(**COMMON, tie_word_embeddings=False),
+    # tensor-parallel tests: 4 KV heads split over 2 ranks; an odd vocabulary pads the last rank
+    "llama-tp": lambda: LlamaConfig(**{**COMMON, "num_key_value_heads": 4, "vocab_size": 509},
+                                    tie_word_embeddings=False),
+    "qwen2-tp-tied": lambda: Qwen2Config(**{**COMMON, "num_key_value_heads": 4, "vocab_size": 509},
+                                         tie_word_embeddings=True),
     "mistral-window": lambda: MistralConfig(**{**COMMON, "num_key_value_heads": 4}, sliding_window=6,
                                             tie_word_embeddings=False),
 }
@@ -28,3 +33,22 @@ def save_tiny_model(name: str, path) -> None:
             if p.dim() == 2:
                 p.mul_(3.0)
     model.save_pretrained(path)
+
+
+def save_tiny_chat_model(path) -> None:
+    """`llama-tp` with the default model's vocabulary and tokenizer (4 KV heads, 2 layers): a
+    model the server can load in a second and talk to in text. Needs the default model."""
+    import json
+    import shutil
+
+    from radixkv.model.gguf import default_model_dir
+
+    source = default_model_dir()
+    vocab = json.loads((source / "config.json").read_text())["vocab_size"]
+    torch.manual_seed(7)
+    config = LlamaConfig(**{**COMMON, "num_key_value_heads": 4, "vocab_size": vocab, "eos_token_id": 2},
+                         tie_word_embeddings=True)
+    AutoModelForCausalLM.from_config(config).save_pretrained(path)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        if (source / name).is_file():
+            shutil.copy(source / name, path)

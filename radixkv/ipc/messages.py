@@ -14,16 +14,12 @@ step produces and what msgpack packs compactly. On the wire a message is the msg
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
-import msgpack
+from radixkv.ipc.codec import MessageCodec, ProtocolError
 
-from radixkv.errors import RadixKVError
-
-
-class ProtocolError(RadixKVError):
-    """A message that is not one of ours (unknown kind, wrong number of fields, not msgpack)."""
+__all__ = ["ProtocolError", "decode", "encode"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,28 +120,14 @@ Message = (GenerateRequest | AbortMsg | ControlRequest | ControlReply | Schedule
            | TokenBatch | TextBatch)
 _KINDS: tuple[type, ...] = (GenerateRequest, AbortMsg, ControlRequest, ControlReply, SchedulerReady,
                             SchedulerFailed, TokenBatch, TextBatch)
-_KIND_OF = {cls: i for i, cls in enumerate(_KINDS)}
-_NUM_FIELDS = {cls: len(fields(cls)) for cls in _KINDS}
+_CODEC = MessageCodec(_KINDS, "radixkv")
 
 
 def encode(msg: Message) -> bytes:
     """`msg` as msgpack bytes: `[kind, *fields]`."""
-    try:
-        kind = _KIND_OF[type(msg)]
-    except KeyError:
-        raise ProtocolError(f"{type(msg).__name__} is not a radixkv message") from None
-    return msgpack.packb([kind, *(getattr(msg, f.name) for f in fields(msg))], use_bin_type=True)
+    return _CODEC.encode(msg)
 
 
 def decode(data: bytes) -> Message:
     """The message in `data`; raises `ProtocolError` for anything else."""
-    try:
-        kind, *values = msgpack.unpackb(data, raw=False, strict_map_key=True)
-    except (ValueError, TypeError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as e:
-        raise ProtocolError(f"undecodable message: {e}") from None
-    if not isinstance(kind, int) or not 0 <= kind < len(_KINDS):
-        raise ProtocolError(f"unknown message kind {kind!r}")
-    cls = _KINDS[kind]
-    if len(values) != _NUM_FIELDS[cls]:
-        raise ProtocolError(f"{cls.__name__} takes {_NUM_FIELDS[cls]} fields, got {len(values)}")
-    return cls(*values)
+    return _CODEC.decode(data)

@@ -76,6 +76,7 @@ class HostKVTier(HostTier):
             raise ConfigError(f"host tier page_size {config.page_size} != the device pool's {pool.page_size}")
         super().__init__(config)
         self.pool = pool
+        self.journal = None  # a KVJournal that records every copy (tensor-parallel rank 0)
         pin = pool.device.type == "cuda"
         # one extra page (index 0) mirrors the allocator's reserved padding page
         self.storage = [torch.empty((config.num_pages + 1, *shape), dtype=dtype, pin_memory=pin)
@@ -87,6 +88,8 @@ class HostKVTier(HostTier):
 
     def save(self, device_pages, host_pages) -> None:
         super().save(device_pages, host_pages)
+        if self.journal is not None:
+            self.journal.host_save(device_pages, host_pages)
         src = torch.tensor(list(device_pages), dtype=torch.int64, device=self.pool.device)
         dst = torch.tensor(list(host_pages), dtype=torch.int64)
         for host, data in zip(self.storage, self.pool.read_pages(src)):
@@ -94,6 +97,8 @@ class HostKVTier(HostTier):
 
     def load(self, host_pages, device_pages) -> None:
         super().load(host_pages, device_pages)
+        if self.journal is not None:
+            self.journal.host_load(host_pages, device_pages)
         src = torch.tensor(list(host_pages), dtype=torch.int64)
         dst = torch.tensor(list(device_pages), dtype=torch.int64, device=self.pool.device)
         self.pool.write_pages(dst, [host.index_select(0, src) for host in self.storage])

@@ -26,6 +26,7 @@ class ReqToTokenTable:
             (max_reqs, max_context_len), dtype=torch.int32, device=device
         )  # (R, L)
         self._free_rows = list(range(max_reqs - 1, -1, -1))
+        self.journal = None  # a KVJournal that records every write (tensor-parallel rank 0)
 
     @property
     def free_rows(self) -> int:
@@ -50,6 +51,8 @@ class ReqToTokenTable:
                 f"positions [{start}, {start + n}) exceed max_context_len={self.max_context_len}"
             )
         if n:
+            if self.journal is not None:
+                self.journal.table_write(row, start, slots)
             src = torch.as_tensor(slots, dtype=torch.int32)
             self.table[row, start : start + n] = src.to(self.table.device, non_blocking=True)
 

@@ -1,4 +1,9 @@
-"""Building blocks of Llama-family models: RMSNorm, rotary embedding, SwiGLU MLP."""
+"""Building blocks of Llama-family models: RMSNorm, rotary embedding, SwiGLU MLP, and the
+tensor-parallel pieces (a vocabulary-parallel embedding, the row-parallel output + all-reduce).
+
+Every module takes a `TPShard` (which slice of the weights this rank holds; the default is all
+of them) and the rank's collectives (`SingleRank` when there is one rank), so one code path
+runs both; see `radixkv.parallel.shard` for how the model is split."""
 
 from __future__ import annotations
 
@@ -9,6 +14,8 @@ from torch import nn
 
 from radixkv.model.config import RopeConfig
 from radixkv.model.cpu_runtime import linear_add
+from radixkv.parallel.group import SingleRank
+from radixkv.parallel.shard import TPShard
 
 
 class RMSNorm(nn.Module):
@@ -88,15 +95,50 @@ def rotate(x: torch.Tensor, cos2: torch.Tensor, sin2: torch.Tensor) -> torch.Ten
     return out.to(x.dtype)
 
 
-class SwiGLU(nn.Module):
-    """down(silu(gate(x)) * up(x)), with gate and up fused into one matmul."""
+def row_parallel_add(linear: nn.Module, x: torch.Tensor, residual: torch.Tensor, comm) -> torch.Tensor:
+    """`residual + linear(x)` where each rank holds a slice of `linear`'s input columns and of
+    `x` (T, in/N): the partial products are summed by one all-reduce, and rank 0 alone adds the
+    residual (fused into its GEMM when packed), so the sum holds it once."""
+    if comm.rank == 0:
+        return comm.all_reduce(linear_add(linear, x, residual))  # (T, out)
+    return comm.all_reduce(linear(x))  # (T, out)
 
-    def __init__(self, hidden_size: int, intermediate_size: int):
+
+class SwiGLU(nn.Module):
+    """down(silu(gate(x)) * up(x)), with gate and up fused into one matmul.
+
+    Tensor-parallel: this rank's `I/N` columns of gate and up, the same rows of down."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, shard: TPShard = TPShard(),
+                 comm=SingleRank()):
         super().__init__()
-        self.gate_up_proj = nn.Linear(hidden_size, 2 * intermediate_size, bias=False)
-        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+        local = shard.local(intermediate_size)
+        self.comm = comm
+        self.gate_up_proj = nn.Linear(hidden_size, 2 * local, bias=False)
+        self.down_proj = nn.Linear(local, hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:  # (T, H) -> (T, H)
         """`residual + down(silu(gate(x)) * up(x))`."""
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # (T, I) each
-        return linear_add(self.down_proj, nn.functional.silu(gate) * up, residual)
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # (T, I/N) each
+        return row_parallel_add(self.down_proj, nn.functional.silu(gate) * up, residual, self.comm)
+
+
+class VocabParallelEmbedding(nn.Module):
+    """Token embedding whose rows are split over the ranks (`TPShard.vocab_rows`).
+
+    A rank looks up the tokens in its rows and contributes zeros for the rest; one all-reduce
+    assembles every token's embedding. `weight` is (Vp, H), its rows past the vocabulary zero."""
+
+    def __init__(self, vocab_size: int, hidden_size: int, shard: TPShard = TPShard(), comm=SingleRank()):
+        super().__init__()
+        self.first, self.stop, padded = shard.vocab_rows(vocab_size)
+        self.comm = comm
+        self.weight = nn.Parameter(torch.empty(padded, hidden_size))  # (Vp, H)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:  # (T,) -> (T, H)
+        if self.comm.size == 1:
+            return nn.functional.embedding(ids, self.weight)
+        mine = (ids >= self.first) & (ids < self.stop)  # (T,)
+        local = torch.where(mine, ids - self.first, 0)  # (T,)
+        x = nn.functional.embedding(local, self.weight) * mine[:, None].to(self.weight.dtype)  # (T, H)
+        return self.comm.all_reduce(x)

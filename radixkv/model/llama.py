@@ -4,6 +4,10 @@ The model holds no KV state of its own: every attention layer calls the attentio
 the `ForwardBatch`, which stores the new tokens' K/V into the pool and reads the rest of each
 request's KV through `req_to_token`. Parameter names follow Hugging Face except that q/k/v and
 gate/up are fused (`qkv_proj`, `gate_up_proj`); the loader maps the checkpoint onto them.
+
+Tensor parallelism (`radixkv.parallel`): built with a `TPShard`, a model holds one rank's heads,
+KV heads, MLP columns and vocabulary rows, and completes each layer with one all-reduce after
+attention and one after the MLP; the logits of every rank's vocabulary rows are gathered.
 """
 
 from __future__ import annotations
@@ -14,18 +18,29 @@ from torch import nn
 from radixkv.attention.backend import AttentionBackend
 from radixkv.attention.forward_batch import ForwardBatch
 from radixkv.model.config import ModelConfig
-from radixkv.model.cpu_runtime import linear_add
-from radixkv.model.layers import RMSNorm, RotaryEmbedding, SwiGLU, rotate
+from radixkv.model.layers import (
+    RMSNorm,
+    RotaryEmbedding,
+    SwiGLU,
+    VocabParallelEmbedding,
+    row_parallel_add,
+    rotate,
+)
+from radixkv.parallel.group import SingleRank
+from radixkv.parallel.shard import TPShard
 
 
 class Attention(nn.Module):
-    def __init__(self, config: ModelConfig, layer: int):
+    """Self-attention of one layer over this rank's heads (all of them on one rank)."""
+
+    def __init__(self, config: ModelConfig, layer: int, shard: TPShard = TPShard(), comm=SingleRank()):
         super().__init__()
         self.layer = layer
-        self.num_heads = config.num_heads
-        self.num_kv_heads = config.num_kv_heads
+        self.comm = comm
+        self.num_heads = shard.local(config.num_heads)
+        self.num_kv_heads = shard.local(config.num_kv_heads)
         self.head_dim = config.head_dim
-        self.q_size, self.kv_size = config.q_size, config.kv_size
+        self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         self.sm_scale = config.head_dim**-0.5
         self.sliding_window = config.sliding_windows[layer]
         self.qkv_proj = nn.Linear(
@@ -49,16 +64,16 @@ class Attention(nn.Module):
         q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)  # (T, Hq, D), (T, Hkv, D)
         v = qkv[:, qk_size:].view(T, self.num_kv_heads, D)  # (T, Hkv, D)
         o = backend.forward(q, k, v, self.layer, self.sm_scale, self.sliding_window, fb)  # (T, Hq, D)
-        return linear_add(self.o_proj, o.reshape(T, self.q_size), residual)
+        return row_parallel_add(self.o_proj, o.reshape(T, self.q_size), residual, self.comm)
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, layer: int):
+    def __init__(self, config: ModelConfig, layer: int, shard: TPShard = TPShard(), comm=SingleRank()):
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = Attention(config, layer)
+        self.self_attn = Attention(config, layer, shard, comm)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = SwiGLU(config.hidden_size, config.intermediate_size)
+        self.mlp = SwiGLU(config.hidden_size, config.intermediate_size, shard, comm)
 
     def forward(self, x, cos_sin, backend, fb):  # (T, H) -> (T, H)
         x = self.self_attn(self.input_layernorm(x), cos_sin, backend, fb, residual=x)
@@ -66,19 +81,22 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    """Llama / Qwen2 / Mistral decoder; `forward` returns logits of `fb.logits_index` rows."""
+    """Llama / Qwen2 / Mistral decoder; `forward` returns logits of `fb.logits_index` rows.
 
-    def __init__(self, config: ModelConfig):
+    `config` describes the whole model; `shard` says which part of it this rank holds."""
+
+    def __init__(self, config: ModelConfig, shard: TPShard = TPShard(), comm=SingleRank()):
         super().__init__()
         self.config = config
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
+        self.shard, self.comm = shard, comm
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, shard, comm)
+        self.layers = nn.ModuleList(DecoderLayer(config, i, shard, comm) for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary = RotaryEmbedding(config.head_dim, config.max_position_embeddings, config.rope)
         if config.tie_word_embeddings:
             self.lm_head = None
         else:
-            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+            self.lm_head = nn.Linear(config.hidden_size, self.embed_tokens.weight.shape[0], bias=False)
 
     def num_parameters(self) -> int:
         """Parameters of the checkpoint (packed layers included, a tied output layer once)."""
@@ -116,5 +134,9 @@ class LlamaForCausalLM(nn.Module):
             x = layer(x, cos_sin, backend, fb)
         x = self.norm(x[fb.logits_index])  # (N, H): only the rows whose logits are asked for
         if self.lm_head is None:  # tied output layer
-            return torch.nn.functional.linear(x, self.embed_tokens.weight).float()  # (N, V)
-        return self.lm_head(x).float()  # (N, V)
+            logits = torch.nn.functional.linear(x, self.embed_tokens.weight)  # (N, Vp)
+        else:
+            logits = self.lm_head(x)  # (N, Vp)
+        if self.comm.size > 1:
+            logits = self.comm.all_gather(logits)[:, : self.config.vocab_size]  # (N, V)
+        return logits.float()  # (N, V)

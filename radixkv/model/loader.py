@@ -10,6 +10,7 @@ tensor is an error naming the file and the tensor.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -19,6 +20,8 @@ from tqdm import tqdm
 from radixkv.errors import ModelLoadError
 from radixkv.model.config import ModelConfig
 from radixkv.model.llama import LlamaForCausalLM
+from radixkv.parallel.group import SingleRank
+from radixkv.parallel.shard import TPShard
 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 _IGNORED = re.compile(r"(rotary_emb\.inv_freq|\.rotary_emb\.)")
@@ -53,35 +56,77 @@ def safetensors_files(model_dir: Path) -> list[Path]:
     return sorted(model_dir.glob("*.safetensors"))
 
 
-class _Targets:
-    """Where each checkpoint tensor goes: a parameter, or a row range of a fused one."""
+@dataclass(frozen=True, slots=True)
+class _Slot:
+    """Where one checkpoint tensor goes: rows `dest_rows` of parameter `param` (all of it when
+    None) receive `src[src_index]` (this rank's slice; all of it when None)."""
 
-    def __init__(self, model: LlamaForCausalLM, config: ModelConfig):
+    param: torch.Tensor
+    dest_rows: slice | None = None
+    src_index: tuple[slice, ...] | None = None
+    full_shape: tuple[int, ...] | None = None  # the checkpoint tensor's shape, when sliced
+
+
+class _Targets:
+    """Every checkpoint tensor this rank loads, and where (see `_Slot`).
+
+    Fused q/k/v and gate/up receive their parts as row ranges. With tensor parallelism
+    (`radixkv.parallel.shard`), column-parallel weights take this rank's rows of the checkpoint
+    tensor, row-parallel weights its columns, and the embedding / output layer its vocabulary
+    rows (zero-padded).
+    """
+
+    def __init__(self, model: LlamaForCausalLM, config: ModelConfig, shard: TPShard):
         params = dict(model.named_parameters())
-        q, kv, inter = config.q_size, config.kv_size, config.intermediate_size
-        self.slots: dict[str, tuple[torch.Tensor, slice | None]] = {}
+        q, kv, inter, hidden = config.q_size, config.kv_size, config.intermediate_size, config.hidden_size
+        q_loc, kv_loc, inter_loc = shard.local(q), shard.local(kv), shard.local(inter)
+        first, stop, _ = shard.vocab_rows(config.vocab_size)
+        whole = shard.size == 1
+        self.slots: dict[str, _Slot] = {}
+
+        def rows(n: int, cols: int | None) -> tuple[tuple[slice, ...] | None, tuple[int, ...]]:
+            full = (n,) if cols is None else (n, cols)
+            return (None if whole else (shard.part(n),)), full
+
         for name, p in params.items():
             if ".qkv_proj." in name:
                 kind = name.rsplit(".", 1)[1]  # weight or bias
                 base = "model." + name.replace(".qkv_proj." + kind, "")
-                for proj, rows in (("q", slice(0, q)), ("k", slice(q, q + kv)),
-                                   ("v", slice(q + kv, q + 2 * kv))):
-                    self.slots[f"{base}.{proj}_proj.{kind}"] = (p, rows)
+                cols = hidden if kind == "weight" else None
+                for proj, dest, n in (("q", slice(0, q_loc), q), ("k", slice(q_loc, q_loc + kv_loc), kv),
+                                      ("v", slice(q_loc + kv_loc, q_loc + 2 * kv_loc), kv)):
+                    self.slots[f"{base}.{proj}_proj.{kind}"] = _Slot(p, dest, *rows(n, cols))
             elif ".gate_up_proj." in name:
                 base = "model." + name.replace(".gate_up_proj.weight", "")
-                self.slots[f"{base}.gate_proj.weight"] = (p, slice(0, inter))
-                self.slots[f"{base}.up_proj.weight"] = (p, slice(inter, 2 * inter))
-            elif name.startswith("lm_head."):
-                self.slots[name] = (p, None)
+                self.slots[f"{base}.gate_proj.weight"] = _Slot(p, slice(0, inter_loc), *rows(inter, hidden))
+                self.slots[f"{base}.up_proj.weight"] = _Slot(p, slice(inter_loc, 2 * inter_loc),
+                                                             *rows(inter, hidden))
+            elif name.endswith(".o_proj.weight"):  # row-parallel: this rank's input columns
+                self.slots["model." + name] = _Slot(p, None, None if whole else (slice(None), shard.part(q)),
+                                                    (hidden, q))
+            elif name.endswith(".down_proj.weight"):
+                self.slots["model." + name] = _Slot(p, None, None if whole else (slice(None), shard.part(inter)),
+                                                    (hidden, inter))
+            elif name in ("embed_tokens.weight", "lm_head.weight"):
+                p.data.zero_()  # rows past the vocabulary stay zero
+                key = name if name.startswith("lm_head.") else "model." + name
+                self.slots[key] = _Slot(p, slice(0, stop - first), (slice(first, stop),),
+                                        (config.vocab_size, hidden))
             else:
-                self.slots["model." + name] = (p, None)
+                self.slots["model." + name] = _Slot(p)
 
-    def target(self, name: str) -> torch.Tensor | None:
-        slot = self.slots.get(name)
-        if slot is None:
-            return None
-        param, rows = slot
-        return param.data if rows is None else param.data[rows]
+    def get(self, name: str) -> _Slot | None:
+        return self.slots.get(name)
+
+
+def _read(f, file: Path, name: str, slot: _Slot, dest: torch.Tensor) -> torch.Tensor:
+    """This rank's part of tensor `name` in the open safetensors file `f` (shape-checked)."""
+    view = f.get_slice(name)
+    shape = tuple(view.get_shape())
+    expected = slot.full_shape if slot.full_shape is not None else tuple(dest.shape)
+    if shape != expected:
+        raise ModelLoadError(f"{file}: tensor {name!r} has shape {shape}, config.json implies {expected}")
+    return view[slot.src_index] if slot.src_index is not None else view[:]
 
 
 def load_model(
@@ -89,40 +134,40 @@ def load_model(
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.float32,
     progress: bool = True,
+    shard: TPShard = TPShard(),
+    comm=SingleRank(),
 ) -> LlamaForCausalLM:
-    """Build the model described by `model_dir/config.json` and load its safetensors weights."""
+    """Build the model described by `model_dir/config.json` and load its safetensors weights.
+
+    With a `shard` of a tensor-parallel group, only that rank's slices are read from disk
+    (`comm` are the group's collectives)."""
     model_dir = Path(model_dir)
     config = ModelConfig.from_file(model_dir / "config.json")
     files = safetensors_files(model_dir)
     if not files:
         raise ModelLoadError(f"model directory {model_dir} has no *.safetensors weights")
     with torch.device("meta"):
-        model = LlamaForCausalLM(config)
+        model = LlamaForCausalLM(config, shard, comm)
     model.to_empty(device=device)
     model.to(dtype)
     model.rotary.build_tables(device)
-    targets = _Targets(model, config)
+    targets = _Targets(model, config, shard)
     filled: set[str] = set()
     with tqdm(total=len(targets.slots), desc="Loading weights", unit="tensor",
               disable=not progress, leave=False) as bar:
         for file in files:
             with safe_open(str(file), framework="pt", device="cpu") as f:
                 for name in f.keys():
-                    dest = targets.target(name)
-                    if dest is None:
+                    slot = targets.get(name)
+                    if slot is None:
                         if _IGNORED.search(name) or (name == "lm_head.weight" and config.tie_word_embeddings):
                             continue
                         raise ModelLoadError(
                             f"{file}: unexpected tensor {name!r} for {config.architecture} "
                             f"(does config.json describe this checkpoint?)"
                         )
-                    tensor = f.get_tensor(name)
-                    if tuple(tensor.shape) != tuple(dest.shape):
-                        raise ModelLoadError(
-                            f"{file}: tensor {name!r} has shape {tuple(tensor.shape)}, "
-                            f"config.json implies {tuple(dest.shape)}"
-                        )
-                    dest.copy_(tensor.to(dtype))
+                    dest = slot.param.data if slot.dest_rows is None else slot.param.data[slot.dest_rows]
+                    dest.copy_(_read(f, file, name, slot, dest).to(dtype))
                     filled.add(name)
                     bar.update(1)
     missing = sorted(set(targets.slots) - filled)

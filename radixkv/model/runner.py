@@ -10,6 +10,7 @@ for batches of requests described by their request-table rows and prefix lengths
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 
 import torch
@@ -19,16 +20,54 @@ from radixkv.config import EngineConfig
 from radixkv.errors import ConfigError
 from radixkv.mem import KVLayout
 from radixkv.mem.kv_memory import KVMemory
+from radixkv.model.config import ModelConfig
 from radixkv.model.cpu_runtime import choose_num_threads, packing_supported, tune_malloc, usable_cores
 from radixkv.model.llama import LlamaForCausalLM
 from radixkv.model.loader import load_model, resolve_model_dir
+from radixkv.parallel.group import SingleRank
+from radixkv.parallel.ranks import TPWorkers
+from radixkv.parallel.shard import TPShard, check_tp_size
 
 logger = logging.getLogger(__name__)
 
 
+def rank_device(config: EngineConfig, rank: int) -> torch.device:
+    """The device of tensor-parallel rank `rank`: the config's, or `cuda:rank` with several GPUs."""
+    device = config.torch_device
+    if device.type == "cuda" and config.tp_size > 1:
+        return torch.device("cuda", rank)
+    return device
+
+
+def rank_threads(config: EngineConfig) -> int:
+    """Torch threads of one rank: the `num_threads` option, else the usable cores shared out."""
+    if config.num_threads is not None:
+        return config.num_threads
+    return max(1, usable_cores() // config.tp_size)
+
+
+def kv_layout(config: EngineConfig, mc: ModelConfig, shard: TPShard) -> KVLayout:
+    """The KV layout of one rank's pool: its KV heads, every layer."""
+    return KVLayout(mc.num_layers, shard.local(mc.num_kv_heads), mc.head_dim, config.page_size,
+                    config.torch_dtype, config.kv_cache_dtype)
+
+
+def load_rank_model(config: EngineConfig, model_dir: Path, shard: TPShard, comm, device: torch.device,
+                    progress: bool) -> tuple[LlamaForCausalLM, int]:
+    """This rank's part of the model, its linear layers prepacked on CPU; and how many were."""
+    dtype = config.torch_dtype
+    if device.type == "cpu":
+        tune_malloc()
+    model = load_model(model_dir, device, dtype, progress=progress, shard=shard, comm=comm)
+    packed = model.prepack_for_cpu() if packing_supported(device, dtype) else 0
+    return model, packed
+
+
 class ModelRunner:
+    """Runs forwards of the model over its KV memory (one rank, or rank 0 of a TP group)."""
+
     def __init__(self, config: EngineConfig, model: LlamaForCausalLM, memory: KVMemory, model_dir: Path,
-                 context_length: int):
+                 context_length: int, workers: TPWorkers | None = None):
         self.config = config
         self.model = model
         self.model_config = model.config
@@ -39,42 +78,72 @@ class ModelRunner:
         self.dtype = config.torch_dtype
         self.num_threads = None  # torch compute threads, when `load` chose them
         self.backend = make_backend(config.attention_backend_name, memory.pool, memory.req_table.table)
+        self.workers = workers  # tensor-parallel ranks 1..N-1, when tp_size > 1
 
     @classmethod
     def load(cls, config: EngineConfig, progress: bool = True) -> ModelRunner:
-        """Load the model named by `config` and give it a KV memory sized by `config`."""
-        num_threads = choose_num_threads(config.num_threads)
-        device, dtype = config.torch_device, config.torch_dtype
-        if device.type == "cpu":
-            tune_malloc()
+        """Load the model named by `config` and give it a KV memory sized by `config`.
+
+        With `tp_size` N > 1 this process becomes rank 0 and starts ranks 1..N-1 (see
+        `radixkv.parallel`); each loads its shard, and the runner's forwards run on all of them.
+        """
+        num_threads = choose_num_threads(rank_threads(config))
+        device, tp = rank_device(config, 0), config.tp_size
         model_dir = resolve_model_dir(config.model, config.cache_dir)
-        model = load_model(model_dir, device, dtype, progress=progress)
-        packed = model.prepack_for_cpu() if packing_supported(device, dtype) else 0
-        mc = model.config
+        mc = ModelConfig.from_file(model_dir / "config.json")
+        check_tp_size(mc, tp, f"{model_dir / 'config.json'}")
         context_length = config.context_length or mc.max_position_embeddings
         if context_length > mc.max_position_embeddings:
             raise ConfigError(f"context_length={context_length} exceeds the model's "
                               f"max_position_embeddings={mc.max_position_embeddings}")
-        layout = KVLayout(mc.num_layers, mc.num_kv_heads, mc.head_dim, config.page_size, dtype,
-                          config.kv_cache_dtype)
-        memory = KVMemory.sized(layout, max_reqs=config.max_running_requests, context_length=context_length,
-                                device=device, max_total_tokens=config.max_total_tokens,
-                                mem_fraction=config.kv_mem_fraction, host_kv_size=config.host_kv_size,
-                                host_write_policy=config.host_write_policy)
-        runner = cls(config, model, memory, model_dir, context_length)
+        workers = TPWorkers.launch(config, model_dir) if tp > 1 else None
+        try:
+            shard = TPShard(0, tp)
+            model, packed = load_rank_model(config, model_dir, shard, workers.group if workers else SingleRank(),
+                                            device, progress)
+            if workers is not None:
+                workers.wait_loaded()
+            memory = KVMemory.sized(kv_layout(config, mc, shard), max_reqs=config.max_running_requests,
+                                    context_length=context_length, device=device,
+                                    max_total_tokens=config.max_total_tokens, mem_fraction=config.kv_mem_fraction,
+                                    host_kv_size=config.host_kv_size, host_write_policy=config.host_write_policy,
+                                    shards=tp)
+            if workers is not None:
+                workers.start(memory)
+        except BaseException:
+            if workers is not None:
+                workers.close()
+            raise
+        runner = cls(config, model, memory, model_dir, context_length, workers)
         runner.num_threads = num_threads
+        layout = memory.layout
         logger.info(
             "model %s: %d layers, %d/%d heads, %s on %s; KV pool %d tokens (%d pages of %d), "
             "%.1f MiB, %d bytes/token (kv_cache_dtype %s); attention backend %s",
-            mc.architecture, mc.num_layers, mc.num_heads, mc.num_kv_heads, str(dtype).replace("torch.", ""),
+            mc.architecture, mc.num_layers, mc.num_heads, mc.num_kv_heads, str(config.torch_dtype).replace("torch.", ""),
             device, memory.total_tokens, memory.allocator.num_pages, config.page_size,
             memory.pool.nbytes / 2**20, layout.bytes_per_token, config.kv_cache_dtype, runner.backend.name,
         )
+        if tp > 1:
+            logger.info("tensor parallel over %d ranks: each holds %d/%d heads, %d/%d KV heads; the KV figures "
+                        "above are one rank's", tp, mc.num_heads // tp, mc.num_heads, mc.num_kv_heads // tp,
+                        mc.num_kv_heads)
         logger.info("%d torch threads (%s; %d usable cores); %s", num_threads,
                     "num_threads option" if config.num_threads is not None else "from CPU affinity",
                     usable_cores(), f"{packed} linear layers prepacked for oneDNN" if packed
                     else "linear layers not prepacked (needs CPU + float32)")
         return runner
+
+    def close(self) -> None:
+        """Stop the other tensor-parallel ranks, if any (idempotent)."""
+        if self.workers is not None:
+            self.workers.close()
+
+    def parallel_stats(self) -> dict[str, float]:
+        """Tensor-parallel figures: ranks, and this rank's time in collectives."""
+        if self.workers is None:
+            return {"tp_size": 1}
+        return {"tp_size": self.workers.size, **self.workers.group.stats.to_dict()}
 
     @property
     def layout(self) -> KVLayout:
@@ -85,8 +154,23 @@ class ModelRunner:
         return self.memory.total_tokens
 
     def forward(self, fb: ForwardBatch) -> torch.Tensor:
-        """Logits (N, V) float32 of the rows `fb.logits_index`; stores the new tokens' KV."""
-        return self.model(fb, self.backend)
+        """Logits (N, V) float32 of the rows `fb.logits_index`; stores the new tokens' KV.
+
+        With tensor parallelism the batch (and the journal of KV changes since the last one) goes
+        to every rank first; a failure inside the joint forward loses the group
+        (`TensorParallelError`), since the ranks can no longer agree where they are."""
+        if self.workers is None:
+            return self.model(fb, self.backend)
+        start = time.perf_counter()
+        self.workers.send_forward(fb)
+        try:
+            logits = self.model(fb, self.backend)
+        except Exception as e:
+            raise self.workers.lost(e) from e
+        stats = self.workers.group.stats
+        stats.forwards += 1
+        stats.forward_seconds += time.perf_counter() - start
+        return logits
 
     def build_batch(
         self,

@@ -522,7 +522,7 @@ class Scheduler:
             "protected_tokens": self.cache.protected_tokens,
             "cached_tokens_in_tree": self.cache.total_tokens,
             "evicted_tokens": self.cache.stats_evicted_tokens,
-        } | self._host_stats()
+        } | self._host_stats() | self.runner.parallel_stats()
 
     def _host_stats(self) -> dict[str, Any]:
         host = self.memory.host

@@ -170,6 +170,7 @@ def run_scheduler_process(config: EngineConfig, endpoints: Endpoints, parent_pid
     try:
         loop.run(inbox)
     finally:
+        scheduler.runner.close()  # the other tensor-parallel ranks, if any
         for sock in (inbox_socket, to_detokenizer, to_tokenizer):
             sock.close(linger=500)
         ctx.term()

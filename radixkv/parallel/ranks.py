@@ -1,0 +1,172 @@
+"""Rank 0's side of a tensor-parallel group: start ranks 1..N-1, feed them, stop them.
+
+Start-up is a handshake through the `TCPStore` rank 0 hosts, so a rank that fails is reported
+at once, by name, instead of after a collective's timeout:
+
+    rank 0: store; spawn ranks 1..N-1          ranks: connect; set alive/r
+    all:    join the process groups
+    all:    load their shard                   ranks: set loaded/r (or error/r = why)
+    rank 0: size the KV memory; TPStart        ranks: build the same memory; wait for forwards
+
+Then every forward is one `TPForward` broadcast, and `close` broadcasts `TPStop` and waits for
+the ranks to exit (killing any that do not). Ranks also die with rank 0 however it exits.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+import weakref
+from dataclasses import asdict
+from datetime import timedelta
+from pathlib import Path
+
+import torch.distributed as dist
+
+from radixkv.attention.forward_batch import ForwardBatch
+from radixkv.config import EngineConfig
+from radixkv.errors import TensorParallelError
+from radixkv.mem.kv_memory import KVMemory
+from radixkv.parallel.group import TPGroup
+from radixkv.parallel.journal import KVJournal
+from radixkv.parallel.messages import TP_CODEC, TPStart, TPStop, forward_message
+
+logger = logging.getLogger(__name__)
+
+START_TIMEOUT_S = 600.0  # loading a shard of a large checkpoint can take minutes
+STOP_TIMEOUT_S = 10.0
+
+
+def _kill(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+    for p in procs:
+        try:
+            p.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+class TPWorkers:
+    """Ranks 1..N-1 of the group rank 0 (this process) leads; `group` is rank 0's collectives."""
+
+    def __init__(self, config: EngineConfig, model_dir: Path, store: dist.TCPStore,
+                 procs: list[subprocess.Popen]):
+        self.size = config.tp_size
+        self.store = store
+        self.procs = procs
+        self.journal = KVJournal()
+        self.group: TPGroup | None = None
+        self.failed: str | None = None  # why the group is lost, once it is
+        self._closed = False
+        self._finalizer = weakref.finalize(self, _kill, procs)  # also at interpreter exit
+
+    @classmethod
+    def launch(cls, config: EngineConfig, model_dir: Path) -> TPWorkers:
+        """Start ranks 1..N-1 and join the process groups with them (rank 0 is this process)."""
+        from radixkv.model.runner import rank_device
+
+        store = dist.TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=60), wait_for_workers=False)
+        spec = json.dumps(asdict(config))
+        procs = [subprocess.Popen([sys.executable, "-m", "radixkv.parallel.worker", "--rank", str(rank),
+                                   "--store-port", str(store.port), "--parent-pid", str(os.getpid()),
+                                   "--model-dir", str(model_dir), "--config", spec])
+                 for rank in range(1, config.tp_size)]
+        workers = cls(config, model_dir, store, procs)
+        try:
+            workers._wait_for("alive", "start")
+            workers.group = TPGroup(store, 0, config.tp_size, rank_device(config, 0))
+        except BaseException:
+            workers.close()
+            raise
+        logger.info("tensor parallel: ranks 1..%d started (pids %s)", config.tp_size - 1,
+                    ", ".join(str(p.pid) for p in procs))
+        return workers
+
+    def wait_loaded(self) -> None:
+        """Wait until every rank has loaded its shard (raises if one could not)."""
+        self._wait_for("loaded", "load its shard of the model")
+
+    def start(self, memory: KVMemory) -> None:
+        """Have every rank build a KV memory like `memory` (its own KV heads), and record rank
+        0's changes to `memory` from now on for them to replay."""
+        host = memory.host
+        self._send(TPStart(memory.allocator.num_pages, memory.req_table.max_reqs, memory.req_table.max_context_len,
+                           host.config.num_pages if host is not None else 0,
+                           host.config.write_policy if host is not None else "write-back"))
+        memory.attach_journal(self.journal)
+
+    def send_forward(self, fb: ForwardBatch) -> None:
+        """Send every rank the batch, with the KV changes they must replay before it."""
+        self._send(forward_message(fb, *self.journal.drain()))
+
+    def lost(self, cause: BaseException) -> TensorParallelError:
+        """Mark the group lost after `cause` broke a joint forward; the error to raise."""
+        self._check_ranks()
+        if self.failed is None:
+            self.failed = f"a tensor-parallel forward failed on rank 0: {type(cause).__name__}: {cause}"
+        logger.error("%s; stopping the other ranks", self.failed)
+        _kill(self.procs)
+        return TensorParallelError(self.failed)
+
+    def close(self) -> None:
+        """Stop ranks 1..N-1 and wait for them (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        if self.failed is None and self.group is not None and all(p.poll() is None for p in self.procs):
+            try:
+                self._send(TPStop())
+            except TensorParallelError:
+                pass
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        for p in self.procs:
+            try:
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                logger.warning("tensor-parallel rank (pid %d) did not stop in %.0f s; killing it", p.pid,
+                               STOP_TIMEOUT_S)
+        self._finalizer()  # kills what is left, waits for it
+        self.group = None
+
+    # -- internals -------------------------------------------------------------------------------
+    def _send(self, msg) -> None:
+        if self.failed is not None:
+            raise TensorParallelError(self.failed)
+        if self._closed and not isinstance(msg, TPStop):
+            raise TensorParallelError("the tensor-parallel ranks were stopped")
+        try:
+            self.group.broadcast_bytes(TP_CODEC.encode(msg))
+        except Exception as e:
+            raise self.lost(e) from e
+
+    def _check_ranks(self) -> None:
+        """Set `failed` if a rank reported an error or exited."""
+        for rank, p in enumerate(self.procs, start=1):
+            if self.store.check([f"error/{rank}"]):
+                self.failed = f"tensor-parallel rank {rank} failed: {self.store.get(f'error/{rank}').decode()}"
+                return
+            code = p.poll()
+            if code is not None:
+                self.failed = f"tensor-parallel rank {rank} (pid {p.pid}) exited with code {code}"
+                return
+
+    def _wait_for(self, key: str, what: str) -> None:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        pending = set(range(1, self.size))
+        while pending:
+            self._check_ranks()
+            if self.failed is not None:
+                raise TensorParallelError(f"{self.failed} (while waiting for the ranks to {what})")
+            pending = {r for r in pending if not self.store.check([f"{key}/{r}"])}
+            if not pending:
+                return
+            if time.monotonic() > deadline:
+                raise TensorParallelError(f"tensor-parallel rank(s) {sorted(pending)} did not {what} within "
+                                          f"{START_TIMEOUT_S:.0f} s")
+            time.sleep(0.05)

@@ -1,0 +1,102 @@
+"""`Engine(tp_size=2)`: two real processes over gloo give the same greedy tokens and the same
+cache decisions as one process (fp32), report their all-reduce cost, and stop cleanly; a tp_size
+that cannot split the model is refused before anything starts; a lost rank is an error, not a hang.
+"""
+
+import os
+import signal
+
+import psutil
+import pytest
+
+from radixkv.engine import Engine
+from radixkv.errors import ConfigError, EngineError
+
+GREEDY = {"max_new_tokens": 10, "temperature": 0}
+# a small pool with a host tier below it: prefixes are evicted to the host and copied back;
+# pages of 4 tokens (copy-on-write of shared partial pages); prompts chunked 8 tokens at a time
+OPTIONS = dict(max_total_tokens=96, page_size=4, chunked_prefill_size=8, max_prefill_tokens=16,
+               host_kv_size="4096", progress=False, log_level="warning")
+SYSTEM = [1, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22]  # 13 tokens: ends mid-page
+
+
+def workload(engine: Engine) -> tuple[list[list[int]], list[int]]:
+    """Shared-prefix prompts in a batch, a multi-turn conversation, then enough other prompts to
+    push the conversation out to the host tier, and its next turn (which copies it back)."""
+    outputs, cached = [], []
+
+    def ask(prompts):
+        for r in engine.generate(input_ids=prompts, sampling_params=GREEDY):
+            outputs.append(r["output_ids"])
+            cached.append(r["meta_info"]["cached_tokens"])
+
+    ask([SYSTEM + [100 + i, 200 + i] for i in range(4)])
+    conversation = SYSTEM + [300, 301, 302]
+    for turn in range(3):
+        ask([conversation])
+        conversation = conversation + outputs[-1] + [400 + turn, 401]
+    ask([[2 + i] * 30 for i in range(4)])  # fills the pool: the conversation goes to the host
+    ask([conversation])
+    return outputs, cached
+
+
+@pytest.fixture(scope="module")
+def runs(tiny_model_dir):
+    model = str(tiny_model_dir("llama-tp"))
+    results = {}
+    for tp in (1, 2):
+        with Engine(model, tp_size=tp, **OPTIONS) as engine:
+            results[tp] = (*workload(engine), engine.get_stats())
+            if tp == 2:
+                results["rank1"] = psutil.Process(engine.runner.workers.procs[0].pid)
+    return results
+
+
+def test_tp2_gives_the_greedy_tokens_of_one_process(runs):
+    assert runs[2][0] == runs[1][0]
+
+
+def test_tp2_makes_the_same_cache_decisions(runs):
+    (_, cached1, stats1), (_, cached2, stats2) = runs[1], runs[2]
+    assert cached2 == cached1 and sum(cached1) > 0
+    for key in ("cached_prompt_tokens", "host_hit_tokens", "host_saved_tokens", "evicted_tokens", "retractions"):
+        assert stats2[key] == stats1[key], key
+    assert stats1["host_hit_tokens"] > 0  # the last turn came back from the host tier
+
+
+def test_tp2_reports_its_all_reduce_cost(runs):
+    stats = runs[2][2]
+    assert stats["tp_size"] == 2 and stats["tp_forwards"] > 0
+    # the embedding, then attention and MLP of each of the 2 layers: 5 all-reduces per forward
+    assert stats["tp_all_reduces"] == 5 * stats["tp_forwards"]
+    assert stats["tp_all_gathers"] == stats["tp_forwards"]  # the logits, once per forward
+    assert stats["tp_all_reduce_ms_per_forward"] > 0 and 0 < stats["tp_comm_share_of_forward"] < 1
+    assert runs[1][2]["tp_size"] == 1
+
+
+def test_shutdown_stops_every_rank(runs):
+    assert not runs["rank1"].is_running() or runs["rank1"].status() == psutil.STATUS_ZOMBIE
+
+
+def test_a_tp_size_that_does_not_divide_the_kv_heads_is_refused_before_any_rank_starts(tiny_model_dir):
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    with pytest.raises(ConfigError, match=r"tp_size=2 does not divide num_key_value_heads=1"):
+        Engine(str(tiny_model_dir("llama3-rope-tied")), tp_size=2, progress=False)  # MQA: 1 KV head
+    assert {p.pid for p in psutil.Process().children(recursive=True)} == before
+
+
+def test_a_lost_rank_fails_requests_with_a_clear_error_instead_of_hanging(tiny_model_dir):
+    engine = Engine(str(tiny_model_dir("llama-tp")), tp_size=2, max_total_tokens=256, progress=False,
+                    log_level="error")
+    rank1 = engine.runner.workers.procs[0]
+    assert engine.generate(input_ids=[1, 2, 3], sampling_params=GREEDY)["output_ids"]
+    os.kill(rank1.pid, signal.SIGKILL)
+    rank1.wait(10)
+    with pytest.raises(EngineError, match=r"tensor-parallel rank 1 .*exited with code -9"):
+        engine.generate(input_ids=[1, 2, 3, 4], sampling_params=GREEDY)
+    with pytest.raises(EngineError, match=r"tensor-parallel rank 1"):  # and every later request
+        engine.generate(input_ids=[5, 6], sampling_params=GREEDY)
+    stats = engine.get_stats()  # the failed requests' pages and locks were returned
+    assert stats["running_requests"] == 0 and stats["protected_tokens"] == 0
+    assert stats["used_tokens"] == stats["evictable_tokens"]  # only the first request's cached KV
+    engine.shutdown()
