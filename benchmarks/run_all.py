@@ -34,6 +34,7 @@ SCRIPTS = [  # (script, arguments, what it measures)
     ("host_tier_replay.py", [], "Mooncake trace with a host tier"),
     ("constrained.py", [], "constrained decoding: mask cost, jump-forward"),
     ("routing_replay.py", [], "routing policies over replicas on the Mooncake trace"),
+    ("tensor_parallel.py", [], "tensor parallelism: greedy equality, all-reduce cost"),
 ]
 
 
@@ -198,6 +199,25 @@ def constrained_table() -> str | None:
     return out + f"\n`python benchmarks/constrained.py`, {when(d)}.\n"
 
 
+def tensor_parallel_table() -> str | None:
+    d = load("tensor_parallel.json")
+    if not d:
+        return None
+    out = ("| phase | tp 1 | tp 2 | tp 2 / tp 1 | all-reduces per forward | ms in them per forward | "
+           "collectives' share of the forward |\n|---|---|---|---|---|---|---|\n")
+    for kind, r in d["phases"].items():
+        out += (f"| {kind} | {r['tp1_wall_s']:.2f} s | {r['tp2_wall_s']:.2f} s | {r['tp2_over_tp1']:.2f}x | "
+                f"{r['all_reduces_per_forward']:.0f} | {r['all_reduce_ms_per_forward']:.2f} | "
+                f"{100 * r['comm_share_of_wall']:.0f}% |\n")
+    raw = ", ".join(f"{ms:.3f} ms at {t} rows" for t, ms in d["raw_all_reduce_ms"].items())
+    same = "identical" if d["identical_greedy_tokens"] else "DIFFERENT"
+    a = d["args"]
+    return out + (f"\nGreedy tokens of tp 2 vs tp 1 (fp32): {same}. A raw all-reduce of (rows, 1024) fp32 between "
+                  f"two otherwise idle processes: {raw}. Prefill: 4 prompts of {a['prefill_tokens']} tokens; decode: "
+                  f"8 requests x {a['decode_tokens']} tokens; a random-initialised {a['layers']}-layer Llama shape "
+                  f"(hidden 1024, 16 heads, 4 KV heads). `python benchmarks/tensor_parallel.py`, {when(d)}.\n")
+
+
 def rewrite_section(name: str, text: str | None) -> None:
     """Replace what is between `<!-- name:begin -->` and `<!-- name:end -->` in README.md."""
     begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
@@ -236,6 +256,7 @@ def main(argv=None) -> int:
     rewrite_section("kv-quant", kv_quant_table())
     rewrite_section("host-tier", host_tier_table())
     rewrite_section("constrained", constrained_table())
+    rewrite_section("tensor-parallel", tensor_parallel_table())
     return 0
 
 

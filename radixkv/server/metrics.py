@@ -40,6 +40,10 @@ class ServerMetrics:
                 ("recomputed_prompt_tokens", "Prompt tokens computed (not served by either tier), since start"),
                 ("host_total_tokens", "Host tier capacity in tokens (0: no host tier)"),
                 ("host_used_tokens", "Host tier tokens in use"),
+                ("tp_size", "Tensor-parallel ranks the model runs on"),
+                ("tp_all_reduce_ms_per_forward", "Tensor parallel: milliseconds per forward inside "
+                 "all-reduces on rank 0 (waiting for the other ranks included), since start"),
+                ("tp_comm_share_of_forward", "Tensor parallel: share of forward time inside collectives, since start"),
             )}
 
     def observe_finished(self, chunk) -> None:

@@ -100,3 +100,18 @@ def test_a_lost_rank_fails_requests_with_a_clear_error_instead_of_hanging(tiny_m
     assert stats["running_requests"] == 0 and stats["protected_tokens"] == 0
     assert stats["used_tokens"] == stats["evictable_tokens"]  # only the first request's cached KV
     engine.shutdown()
+
+
+@pytest.mark.gpu
+def test_tp2_on_two_gpus_gives_the_greedy_tokens_of_one_gpu(tiny_model_dir):
+    import torch
+
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two CUDA devices")
+    model = str(tiny_model_dir("llama-tp"))
+    prompts = [SYSTEM + [100 + i] for i in range(4)]
+    outputs = {}
+    for tp in (1, 2):
+        with Engine(model, tp_size=tp, dtype="float32", max_total_tokens=1024, progress=False) as engine:
+            outputs[tp] = [r["output_ids"] for r in engine.generate(input_ids=prompts, sampling_params=GREEDY)]
+    assert outputs[2] == outputs[1]
