@@ -65,6 +65,11 @@ def build_model(path: Path, layers: int) -> None:
 
 def phase(engine, prompts, params) -> dict:
     """Wall time, forwards and collective figures of one generate call."""
+    import torch
+
+    # torch's thread count is per process, and both engines' rank 0 live in this one: give
+    # each the count it chose at load (tp1: every core; tp2: its share)
+    torch.set_num_threads(engine.runner.num_threads)
     before = engine.get_stats()
     start = time.perf_counter()
     outs = engine.generate(input_ids=prompts, sampling_params=params)
@@ -133,6 +138,7 @@ def main(argv=None) -> int:
     decode_params = {"max_new_tokens": args.decode_tokens, "temperature": 0, "ignore_eos": True}
     opts = dict(max_total_tokens=16384, progress=False, log_level="warning")
     engines = {tp: Engine(str(model), tp_size=tp, **opts) for tp in (1, 2)}
+    threads = {tp: e.runner.num_threads for tp, e in engines.items()}
     runs = {tp: {"prefill": [], "decode": []} for tp in engines}
     try:
         with tqdm(total=args.repeats * 4, desc="tensor parallel", unit="run") as bar:
@@ -169,7 +175,7 @@ def main(argv=None) -> int:
               f"them, collectives {100 * r['comm_share_of_wall']:.0f}% of the forward's wall time")
     print("raw all-reduce of (T, 1024) fp32, two idle processes: "
           + ", ".join(f"T={t}: {ms:.3f} ms" for t, ms in raw.items()))
-    save_json(args.json, {**machine(), "args": {k: str(v) for k, v in vars(args).items() if k != "json"},
+    save_json(args.json, {**machine(), "threads": f"{threads[1]} (tp 1) and {threads[2]} per rank (tp 2)", "args": {k: str(v) for k, v in vars(args).items() if k != "json"},
                           "identical_greedy_tokens": identical, "phases": report,
                           "raw_all_reduce_ms": {str(t): ms for t, ms in raw.items()}})
     bar_plot(args.json.with_suffix(".png"), "tensor parallel on CPU: ms per decode forward",
