@@ -88,20 +88,20 @@ class HostKVTier(HostTier):
 
     def save(self, device_pages, host_pages) -> None:
         super().save(device_pages, host_pages)
-        if self.journal is not None:
-            self.journal.host_save(device_pages, host_pages)
         src = torch.tensor(list(device_pages), dtype=torch.int64, device=self.pool.device)
         dst = torch.tensor(list(host_pages), dtype=torch.int64)
         for host, data in zip(self.storage, self.pool.read_pages(src)):
             host.index_copy_(0, dst, data.to("cpu"))  # synchronous: the pages may be reused next
+        if self.journal is not None:
+            self.journal.host_save(device_pages, host_pages)
 
     def load(self, host_pages, device_pages) -> None:
         super().load(host_pages, device_pages)
-        if self.journal is not None:
-            self.journal.host_load(host_pages, device_pages)
         src = torch.tensor(list(host_pages), dtype=torch.int64)
         dst = torch.tensor(list(device_pages), dtype=torch.int64, device=self.pool.device)
         self.pool.write_pages(dst, [host.index_select(0, src) for host in self.storage])
+        if self.journal is not None:
+            self.journal.host_load(host_pages, device_pages)
 
 
 def parse_host_size(text: str | int) -> tuple[str, int]:

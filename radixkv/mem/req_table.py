@@ -51,10 +51,10 @@ class ReqToTokenTable:
                 f"positions [{start}, {start + n}) exceed max_context_len={self.max_context_len}"
             )
         if n:
-            if self.journal is not None:
-                self.journal.table_write(row, start, slots)
             src = torch.as_tensor(slots, dtype=torch.int32)
             self.table[row, start : start + n] = src.to(self.table.device, non_blocking=True)
+            if self.journal is not None:
+                self.journal.table_write(row, start, src)
 
     def read(self, row: int, length: int) -> torch.Tensor:
         return self.table[row, :length]  # (length,)

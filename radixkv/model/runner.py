@@ -39,6 +39,13 @@ def rank_device(config: EngineConfig, rank: int) -> torch.device:
     return device
 
 
+def use_rank_device(device: torch.device) -> None:
+    """Make `device` this process's current CUDA device: Triton kernels and NCCL launch on the
+    current device, whatever device their tensors are on."""
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+
+
 def rank_threads(config: EngineConfig) -> int:
     """Torch threads of one rank: the `num_threads` option, else the usable cores shared out."""
     if config.num_threads is not None:
@@ -89,6 +96,8 @@ class ModelRunner:
         """
         num_threads = choose_num_threads(rank_threads(config))
         device, tp = rank_device(config, 0), config.tp_size
+        if tp > 1:
+            use_rank_device(device)
         model_dir = resolve_model_dir(config.model, config.cache_dir)
         mc = ModelConfig.from_file(model_dir / "config.json")
         check_tp_size(mc, tp, f"{model_dir / 'config.json'}")
@@ -139,6 +148,11 @@ class ModelRunner:
         if self.workers is not None:
             self.workers.close()
 
+    @property
+    def healthy(self) -> bool:
+        """False once a tensor-parallel rank is lost (a one-rank runner always is healthy)."""
+        return self.workers is None or self.workers.healthy
+
     def parallel_stats(self) -> dict[str, float]:
         """Tensor-parallel figures: ranks, and this rank's time in collectives."""
         if self.workers is None:
@@ -167,6 +181,9 @@ class ModelRunner:
             logits = self.model(fb, self.backend)
         except Exception as e:
             raise self.workers.lost(e) from e
+        except BaseException as e:  # Ctrl-C mid-forward: the other ranks are inside a collective
+            self.workers.lost(e)
+            raise
         stats = self.workers.group.stats
         stats.forwards += 1
         stats.forward_seconds += time.perf_counter() - start

@@ -3,9 +3,11 @@
 Two process groups span the ranks, both made from one `TCPStore` that rank 0 hosts:
 - `compute`: the all-reduces and all-gathers inside a forward (NCCL on CUDA, gloo on CPU),
   with a timeout so a rank that hangs mid-forward surfaces as an error;
-- `control`: gloo, carrying rank 0's messages to the others (`broadcast_bytes`). A worker
-  waits on it while the server is idle, so its timeout is effectively unbounded; a rank 0 that
-  dies closes the connections (and its workers die with it, see `radixkv.parallel.worker`).
+- `control`: gloo, carrying rank 0's messages to the others (`broadcast_bytes`). Its set-up and
+  rank 0's sends are bounded; only a waiting rank's receive is not (it waits while the server
+  is idle). A rank 0 that dies takes its ranks with it (see `radixkv.parallel.worker`).
+
+gloo binds to 127.0.0.1: the ranks are processes of one machine.
 
 The groups are backend objects of this runtime, not torch's global default group, so an
 `Engine(tp_size=2)` inside a user's process leaves that process's `torch.distributed` alone.
@@ -21,8 +23,16 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-COMPUTE_TIMEOUT = timedelta(seconds=300)
-IDLE_FOREVER = timedelta(days=365)
+COMPUTE_TIMEOUT = timedelta(seconds=300)  # a collective inside a forward; also joining a group
+SEND_TIMEOUT = timedelta(seconds=60)  # rank 0's broadcast: the others are already waiting for it
+IDLE_FOREVER = timedelta(days=365)  # a rank waiting for rank 0's next message
+
+
+def _gloo(store: dist.Store, rank: int, size: int) -> dist.ProcessGroupGloo:
+    options = dist.ProcessGroupGloo._Options()
+    options._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
+    options._timeout = COMPUTE_TIMEOUT
+    return dist.ProcessGroupGloo(store, rank, size, options)
 
 
 @dataclass(slots=True)
@@ -74,8 +84,8 @@ class TPGroup:
             options._timeout = COMPUTE_TIMEOUT
             self.compute = dist.ProcessGroupNCCL(compute_store, rank, size, options)
         else:
-            self.compute = dist.ProcessGroupGloo(compute_store, rank, size, COMPUTE_TIMEOUT)
-        self.control = dist.ProcessGroupGloo(dist.PrefixStore("control", store), rank, size, IDLE_FOREVER)
+            self.compute = _gloo(compute_store, rank, size)
+        self.control = _gloo(dist.PrefixStore("control", store), rank, size)
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """Sum `x` over the ranks, in place; returns `x`."""
@@ -94,13 +104,14 @@ class TPGroup:
         self.stats.all_gather_seconds += time.perf_counter() - start
         return torch.cat(parts, dim=-1)
 
-    def broadcast_bytes(self, data: bytes | None = None) -> bytes:
-        """Rank 0 sends `data`; every rank returns it (the others pass None and wait)."""
+    def broadcast_bytes(self, data: bytes | None = None, timeout: timedelta = SEND_TIMEOUT) -> bytes:
+        """Rank 0 sends `data` (within `timeout`); every rank returns it (the others pass None
+        and wait for it as long as it takes)."""
         size = torch.tensor([len(data) if self.rank == 0 else 0], dtype=torch.int64)
-        self.control.broadcast(size, 0).wait()
+        self.control.broadcast(size, 0, timeout if self.rank == 0 else IDLE_FOREVER).wait()
         if self.rank == 0:
             payload = torch.frombuffer(bytearray(data), dtype=torch.uint8)
         else:
             payload = torch.empty(int(size.item()), dtype=torch.uint8)
-        self.control.broadcast(payload, 0).wait()
+        self.control.broadcast(payload, 0, timeout).wait()
         return payload.numpy().tobytes()

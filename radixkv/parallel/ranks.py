@@ -6,7 +6,7 @@ at once, by name, instead of after a collective's timeout:
     rank 0: store; spawn ranks 1..N-1          ranks: connect; set alive/r
     all:    join the process groups
     all:    load their shard                   ranks: set loaded/r (or error/r = why)
-    rank 0: size the KV memory; TPStart        ranks: build the same memory; wait for forwards
+    rank 0: size the KV memory; TPStart        ranks: build the same memory; set ready/r
 
 Then every forward is one `TPForward` broadcast, and `close` broadcasts `TPStop` and waits for
 the ranks to exit (killing any that do not). Ranks also die with rank 0 however it exits.
@@ -99,14 +99,26 @@ class TPWorkers:
         self._send(TPStart(memory.allocator.num_pages, memory.req_table.max_reqs, memory.req_table.max_context_len,
                            host.config.num_pages if host is not None else 0,
                            host.config.write_policy if host is not None else "write-back"))
+        self._wait_for("ready", "build their KV memory")
         memory.attach_journal(self.journal)
 
     def send_forward(self, fb: ForwardBatch) -> None:
         """Send every rank the batch, with the KV changes they must replay before it."""
-        self._send(forward_message(fb, *self.journal.drain()))
+        msg = forward_message(fb, self.journal.table_writes, self.journal.page_ops)
+        self.journal.drain()  # only once the message holds them
+        self._send(msg)
+
+    @property
+    def healthy(self) -> bool:
+        """Whether every rank is still there to compute (cheap: a `waitpid` per rank)."""
+        if self.failed is None and any(p.poll() is not None for p in self.procs):
+            self._check_ranks()
+        return self.failed is None and not self._closed
 
     def lost(self, cause: BaseException) -> TensorParallelError:
-        """Mark the group lost after `cause` broke a joint forward; the error to raise."""
+        """Mark the group lost after `cause` broke a joint forward (an error, or an interrupt
+        that left the other ranks inside a collective), stop the other ranks, and return the
+        error to raise."""
         self._check_ranks()
         if self.failed is None:
             self.failed = f"a tensor-parallel forward failed on rank 0: {type(cause).__name__}: {cause}"
@@ -121,8 +133,8 @@ class TPWorkers:
         self._closed = True
         if self.failed is None and self.group is not None and all(p.poll() is None for p in self.procs):
             try:
-                self._send(TPStop())
-            except TensorParallelError:
+                self._send(TPStop(), timeout=timedelta(seconds=STOP_TIMEOUT_S))
+            except (TensorParallelError, KeyboardInterrupt):
                 pass
         deadline = time.monotonic() + STOP_TIMEOUT_S
         for p in self.procs:
@@ -132,18 +144,21 @@ class TPWorkers:
                 logger.warning("tensor-parallel rank (pid %d) did not stop in %.0f s; killing it", p.pid,
                                STOP_TIMEOUT_S)
         self._finalizer()  # kills what is left, waits for it
-        self.group = None
 
     # -- internals -------------------------------------------------------------------------------
-    def _send(self, msg) -> None:
+    def _send(self, msg, timeout: timedelta | None = None) -> None:
         if self.failed is not None:
             raise TensorParallelError(self.failed)
         if self._closed and not isinstance(msg, TPStop):
             raise TensorParallelError("the tensor-parallel ranks were stopped")
+        data = TP_CODEC.encode(msg)
         try:
-            self.group.broadcast_bytes(TP_CODEC.encode(msg))
+            self.group.broadcast_bytes(data, *([timeout] if timeout else []))
         except Exception as e:
             raise self.lost(e) from e
+        except BaseException as e:  # an interrupt mid-broadcast: the ranks cannot be trusted
+            self.lost(e)
+            raise
 
     def _check_ranks(self) -> None:
         """Set `failed` if a rank reported an error or exited."""

@@ -5,8 +5,10 @@ rank 0 chose, then serves rank 0's messages until `TPStop`: for each `TPForward`
 0's KV journal on its own memory and runs the same forward, taking part in every all-reduce.
 It keeps no scheduler and no cache of its own: rank 0 decides, every rank computes.
 
-A rank dies with rank 0 (a parent-death signal), ignores Ctrl-C (rank 0 stops it), and reports
-a failure through the store (`error/<rank>`) before exiting, so rank 0 can say what went wrong.
+A rank dies with rank 0 (a watchdog thread notices the parent process is gone: not a
+parent-death signal, which would fire when the *thread* that started the rank ends), ignores
+Ctrl-C (rank 0 stops it), and reports a failure through the store (`error/<rank>`) before
+exiting, so rank 0 can say what went wrong.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ def serve_rank(rank: int, store: dist.Store, config, model_dir: Path, logger: lo
     from radixkv.mem.kv_memory import KVMemory
     from radixkv.model.config import ModelConfig
     from radixkv.model.cpu_runtime import choose_num_threads
-    from radixkv.model.runner import kv_layout, load_rank_model, rank_device, rank_threads
+    from radixkv.model.runner import kv_layout, load_rank_model, rank_device, rank_threads, use_rank_device
     from radixkv.parallel.group import TPGroup
     from radixkv.parallel.journal import replay
     from radixkv.parallel.messages import TP_CODEC, TPForward, TPStart, TPStop, batch_from_message
@@ -34,6 +36,7 @@ def serve_rank(rank: int, store: dist.Store, config, model_dir: Path, logger: lo
 
     choose_num_threads(rank_threads(config))
     device = rank_device(config, rank)
+    use_rank_device(device)
     store.set(f"alive/{rank}", "1")
     group = TPGroup(store, rank, config.tp_size, device)
     shard = TPShard(rank, config.tp_size)
@@ -49,6 +52,7 @@ def serve_rank(rank: int, store: dist.Store, config, model_dir: Path, logger: lo
     memory = KVMemory(kv_layout(config, mc, shard), start.num_pages, start.max_reqs, start.context_length,
                       device, host_tokens, start.host_write_policy)
     backend = make_backend(config.attention_backend_name, memory.pool, memory.req_table.table)
+    store.set(f"ready/{rank}", "1")
     logger.info("rank %d of %d ready: %d/%d heads, %d/%d KV heads, %d KV pages", rank, config.tp_size,
                 shard.local(mc.num_heads), mc.num_heads, shard.local(mc.num_kv_heads), mc.num_kv_heads,
                 start.num_pages)
@@ -59,6 +63,22 @@ def serve_rank(rank: int, store: dist.Store, config, model_dir: Path, logger: lo
         assert isinstance(msg, TPForward), f"expected TPForward, got {type(msg).__name__}"
         replay(memory, msg.table_writes, msg.page_ops)
         model(batch_from_message(msg, device), backend)  # the logits are rank 0's
+
+
+def watch_parent(parent_pid: int, interval_s: float = 1.0) -> None:
+    """Exit this process at once when `parent_pid` is no longer its parent (it died)."""
+    import os
+    import threading
+    import time
+
+    from radixkv.server.process_utils import parent_alive
+
+    def watch() -> None:
+        while parent_alive(parent_pid):
+            time.sleep(interval_s)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -75,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     from radixkv.server.process_utils import become_child
 
     config = EngineConfig(**json.loads(args.config))
-    logger = become_child(args.parent_pid, config.log_level, f"tp-rank{args.rank}")
+    logger = become_child(args.parent_pid, config.log_level, f"tp-rank{args.rank}", death_signal=False)
+    watch_parent(args.parent_pid)
     store = dist.TCPStore("127.0.0.1", args.store_port, None, False, timeout=timedelta(seconds=60))
     try:
         serve_rank(args.rank, store, config, Path(args.model_dir), logger)

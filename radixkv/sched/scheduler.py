@@ -78,9 +78,13 @@ class Scheduler:
         from radixkv.tokenizer import Tokenizer
 
         runner = ModelRunner.load(config, progress=progress)
-        tokenizer = Tokenizer.from_model_dir(runner.model_dir)
-        eos = tokenizer.eos_token_ids if tokenizer else frozenset()
-        scheduler = cls(config, runner, runner.memory, tokenizer, eos)
+        try:
+            tokenizer = Tokenizer.from_model_dir(runner.model_dir)
+            eos = tokenizer.eos_token_ids if tokenizer else frozenset()
+            scheduler = cls(config, runner, runner.memory, tokenizer, eos)
+        except BaseException:
+            runner.close()  # the other tensor-parallel ranks, if any
+            raise
         scheduler.tokenizer = tokenizer
         return scheduler
 

@@ -25,13 +25,17 @@ def quiet_compute_threads() -> None:
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
 
 
-def become_child(parent_pid: int, log_level: str, name: str) -> logging.Logger:
+def become_child(parent_pid: int, log_level: str, name: str, death_signal: bool = True) -> logging.Logger:
     """Die with the parent (Linux: a signal when it exits, however it exits), leave Ctrl-C to
-    the parent (which shuts everything down in order), and log under `name`."""
-    try:
-        ctypes.CDLL("libc.so.6").prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):
-        pass  # not Linux: children poll `parent_alive` instead
+    the parent (which shuts everything down in order), and log under `name`.
+
+    `death_signal=False` for a child whose parent may start it from a thread other than its
+    main one: the signal fires when that *thread* exits, so such a child polls instead."""
+    if death_signal:
+        try:
+            ctypes.CDLL("libc.so.6").prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        except (OSError, AttributeError):
+            pass  # not Linux: children poll `parent_alive` instead
     if os.getppid() != parent_pid:  # the parent died before prctl took effect
         os._exit(1)
     signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -69,8 +69,10 @@ def scheduler_info(scheduler, config: EngineConfig) -> dict[str, Any]:
 class ZmqInbox:
     """The scheduler loop's inbox in the server: decodes messages into loop commands."""
 
-    def __init__(self, socket: zmq.Socket, reply: zmq.Socket, parent_pid: int, reject, logger):
+    def __init__(self, socket: zmq.Socket, reply: zmq.Socket, parent_pid: int, reject, logger,
+                 healthy=lambda: True):
         self.socket, self.reply, self.parent_pid = socket, reply, parent_pid
+        self.healthy = healthy  # False once the runner cannot compute (a tensor-parallel rank is lost)
         self.params_by_rid: dict = {}  # rid -> SamplingParams of requests in flight
         self.reject = reject  # reject(rid, message): an error output for a request that never ran
         self.logger = logger
@@ -79,8 +81,10 @@ class ZmqInbox:
         from radixkv.sched.loop import Stop
 
         commands = []
+        if not self.healthy():
+            return [Stop()]  # in-flight requests end with an error; the server sees this process exit
         while block and not self.socket.poll(PARENT_POLL_MS):
-            if not parent_alive(self.parent_pid):
+            if not parent_alive(self.parent_pid) or not self.healthy():
                 return [Stop()]
         while True:
             try:
@@ -165,10 +169,14 @@ def run_scheduler_process(config: EngineConfig, endpoints: Endpoints, parent_pid
             to_detokenizer.send(encode(token_batch(outputs, inbox.params_by_rid)))
 
     inbox = ZmqInbox(inbox_socket, to_tokenizer, parent_pid,
-                     lambda rid, message: deliver([error_output(rid, message, 400)]), logger)
+                     lambda rid, message: deliver([error_output(rid, message, 400)]), logger,
+                     healthy=lambda: scheduler.runner.healthy)
     loop = SchedulerLoop(scheduler, deliver)
     try:
         loop.run(inbox)
+        if not scheduler.runner.healthy:
+            logger.error("stopping: %s", scheduler.runner.workers.failed)
+            sys.exit(1)
     finally:
         scheduler.runner.close()  # the other tensor-parallel ranks, if any
         for sock in (inbox_socket, to_detokenizer, to_tokenizer):

@@ -68,3 +68,30 @@ def test_ctrl_c_stops_the_server_and_every_rank(servers):
     assert two.proc.wait(30) == 130  # the exit code of a Ctrl-C
     gone, alive = psutil.wait_procs(processes, timeout=10)
     assert not alive, [p.cmdline() for p in alive]
+
+
+def test_the_scheduler_process_stops_once_a_rank_is_lost():
+    """Its inbox answers Stop (in-flight requests end with an error, the process exits 1 and the
+    server with it, so a router takes it out) instead of failing every later request."""
+    import logging
+    import os
+
+    import zmq
+
+    from radixkv.sched.loop import Stop
+    from radixkv.server.scheduler_process import ZmqInbox
+
+    ctx = zmq.Context()
+    pull, reply = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
+    pull.bind("inproc://scheduler")
+    healthy = [True]
+    inbox = ZmqInbox(pull, reply, os.getppid(), lambda rid, msg: None, logging.getLogger("test"),
+                     healthy=lambda: healthy[0])
+    try:
+        assert inbox.receive(block=False) == []
+        healthy[0] = False
+        assert inbox.receive(block=True) == [Stop()]
+    finally:
+        pull.close(0)
+        reply.close(0)
+        ctx.term()
