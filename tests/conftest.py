@@ -25,6 +25,27 @@ def tiny_model_dir(tmp_path_factory):
     return make
 
 
+@pytest.fixture
+def run_cli(capsys):
+    """run_cli(*argv) -> CompletedProcess of `radixkv.cli.main(argv)` run in this process.
+
+    For refusals (bad flags and values), which end before anything is loaded or started: the
+    same code as the `radixkv` command, without a new interpreter per call."""
+    import subprocess
+
+    from radixkv.cli import main
+
+    def run(*argv: str) -> subprocess.CompletedProcess:
+        try:
+            code = main(list(argv))
+        except SystemExit as e:  # argparse errors and --help
+            code = e.code if isinstance(e.code, int) else 1
+        out = capsys.readouterr()
+        return subprocess.CompletedProcess(list(argv), code, out.out, out.err)
+
+    return run
+
+
 @pytest.fixture(scope="session")
 def default_engine():
     """The Engine on the embedded SmolLM2-135M-Instruct (skipped if it is not installed)."""

@@ -1,4 +1,5 @@
-"""The `radixkv` command line, run as a user would (a real subprocess on the default model)."""
+"""The `radixkv` command line, run as a user would (a real subprocess on the default model);
+refusals of bad flags run its `main` in-process (`run_cli`), since they end before loading."""
 
 import importlib.util
 import re
@@ -29,12 +30,12 @@ def test_help_explains_every_engine_option():
     assert radixkv("--version").stdout.startswith("radixkv ")
 
 
-def test_bad_flag_values_name_the_field():
-    out = radixkv("generate", "hi", "--page-size", "0")
+def test_bad_flag_values_name_the_field(run_cli):
+    out = run_cli("generate", "hi", "--page-size", "0")
     assert out.returncode == 2 and "page_size=0" in out.stderr
-    out = radixkv("generate", "hi", "--schedule-policy", "random")
+    out = run_cli("generate", "hi", "--schedule-policy", "random")
     assert out.returncode == 2 and "schedule_policy='random'" in out.stderr
-    out = radixkv("generate", "hi", "--model", "/no/such/model")
+    out = run_cli("generate", "hi", "--model", "/no/such/model")
     assert out.returncode == 2 and "/no/such/model" in out.stderr
 
 
@@ -65,16 +66,16 @@ def test_serve_help_explains_every_flag():
         assert flag in out.stdout, flag
 
 
-def test_serve_refuses_a_bad_or_busy_port_before_loading_anything():
+def test_serve_refuses_a_bad_or_busy_port_before_loading_anything(run_cli):
     import socket
 
-    out = radixkv("serve", "--port", "70000", timeout=60)
+    out = run_cli("serve", "--port", "70000")
     assert out.returncode == 2 and "--port 70000" in out.stderr
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         s.listen()
         busy = s.getsockname()[1]
-        out = radixkv("serve", "--port", str(busy), timeout=60)
+        out = run_cli("serve", "--port", str(busy))
     assert out.returncode == 2 and f"--port {busy}" in out.stderr and "cannot listen" in out.stderr
-    out = radixkv("serve", "--port", "30999", "--max-running-requests", "0", timeout=60)
+    out = run_cli("serve", "--port", "30999", "--max-running-requests", "0")
     assert out.returncode == 2 and "max_running_requests=0" in out.stderr

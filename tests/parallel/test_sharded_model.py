@@ -49,22 +49,36 @@ def run(model_dir, shard: TPShard, comm) -> list[torch.Tensor]:
     return out
 
 
-def rank(r: int, port: int, model_dir) -> tuple[list[torch.Tensor], dict]:
+def rank(r: int, port: int, model_dirs: list) -> list[tuple[list[torch.Tensor], dict]]:
+    """Rank r's logits and collective counts for each model, in one group."""
     torch.set_num_threads(1)
     store = dist.TCPStore("127.0.0.1", port, None, False, timeout=timedelta(seconds=30))
-    group = TPGroup(store, r, 2, torch.device("cpu"))
-    return run(model_dir, TPShard(r, 2), group), group.stats.to_dict()
+    out = []
+    for i, model_dir in enumerate(model_dirs):
+        group = TPGroup(dist.PrefixStore(str(i), store), r, 2, torch.device("cpu"))
+        out.append((run(model_dir, TPShard(r, 2), group), group.stats.to_dict()))
+    return out
 
 
 # llama-tp runs as a whole engine in test_tp_engine.py; these add q/k/v bias, a tied and padded
 # vocabulary (qwen2-tp-tied) and sliding-window layers (mistral-window)
-@pytest.mark.parametrize("name", ["qwen2-tp-tied", "mistral-window"])
-def test_two_ranks_compute_the_logits_of_the_whole_model(tiny_model_dir, name):
-    model_dir = tiny_model_dir(name)
-    whole = run(model_dir, TPShard(), comm=SingleRank())
+MODELS = ["qwen2-tp-tied", "mistral-window"]
+
+
+@pytest.fixture(scope="module")
+def split_runs(tiny_model_dir):
+    """Per model: (rank 0's results, rank 1's results), from one pair of spawned ranks."""
+    dirs = [tiny_model_dir(name) for name in MODELS]
     store = dist.TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=30), wait_for_workers=False)
     with multiprocessing.get_context("spawn").Pool(2) as pool:
-        (split, stats), (split1, _) = pool.starmap(rank, [(0, store.port, model_dir), (1, store.port, model_dir)])
+        rank0, rank1 = pool.starmap(rank, [(0, store.port, dirs), (1, store.port, dirs)])
+    return dict(zip(MODELS, zip(rank0, rank1)))
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_two_ranks_compute_the_logits_of_the_whole_model(tiny_model_dir, split_runs, name):
+    whole = run(tiny_model_dir(name), TPShard(), comm=SingleRank())
+    (split, stats), (split1, _) = split_runs[name]
     for a, b, c in zip(whole, split, split1):
         assert a.shape == b.shape  # (N, V): the padded vocabulary rows are cut off
         torch.testing.assert_close(b, a, atol=2e-4, rtol=1e-4)

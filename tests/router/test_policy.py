@@ -51,13 +51,9 @@ def test_bad_policy_settings_are_refused():
         RoundRobin(0)
 
 
-def test_router_cli_refuses_bad_flags_naming_them():
-    import subprocess
-    import sys
-
+def test_router_cli_refuses_bad_flags_naming_them(run_cli):
     def run(*args):
-        return subprocess.run([sys.executable, "-m", "radixkv", "router", *args], capture_output=True, text=True,
-                              timeout=120)
+        return run_cli("router", *args)
 
     proc = run("--worker", "localhost:30001")
     assert proc.returncode == 2 and "--worker" in proc.stderr and "http://" in proc.stderr

@@ -18,6 +18,7 @@ def mooncake():
 
 
 @needs_trace
+@pytest.mark.slow  # 18 s; the full-trace reference figure of LRU is checked below, "inf" bounds a slice in the host-tier test
 def test_unlimited_cache_reproduces_the_reference_hit_rate(mooncake):
     result = replay(mooncake, "inf", page_size=512)
     assert result.requests == 12031
