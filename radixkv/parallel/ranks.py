@@ -31,7 +31,7 @@ from radixkv.attention.forward_batch import ForwardBatch
 from radixkv.config import EngineConfig
 from radixkv.errors import TensorParallelError
 from radixkv.mem.kv_memory import KVMemory
-from radixkv.parallel.group import TPGroup
+from radixkv.parallel.group import SEND_TIMEOUT, TPGroup
 from radixkv.parallel.journal import KVJournal
 from radixkv.parallel.messages import TP_CODEC, TPStart, TPStop, forward_message
 
@@ -55,8 +55,7 @@ def _kill(procs: list[subprocess.Popen]) -> None:
 class TPWorkers:
     """Ranks 1..N-1 of the group rank 0 (this process) leads; `group` is rank 0's collectives."""
 
-    def __init__(self, config: EngineConfig, model_dir: Path, store: dist.TCPStore,
-                 procs: list[subprocess.Popen]):
+    def __init__(self, config: EngineConfig, store: dist.TCPStore, procs: list[subprocess.Popen]):
         self.size = config.tp_size
         self.store = store
         self.procs = procs
@@ -77,7 +76,7 @@ class TPWorkers:
                                    "--store-port", str(store.port), "--parent-pid", str(os.getpid()),
                                    "--model-dir", str(model_dir), "--config", spec])
                  for rank in range(1, config.tp_size)]
-        workers = cls(config, model_dir, store, procs)
+        workers = cls(config, store, procs)
         try:
             workers._wait_for("alive", "start")
             workers.group = TPGroup(store, 0, config.tp_size, rank_device(config, 0))
@@ -146,14 +145,14 @@ class TPWorkers:
         self._finalizer()  # kills what is left, waits for it
 
     # -- internals -------------------------------------------------------------------------------
-    def _send(self, msg, timeout: timedelta | None = None) -> None:
+    def _send(self, msg, timeout: timedelta = SEND_TIMEOUT) -> None:
         if self.failed is not None:
             raise TensorParallelError(self.failed)
         if self._closed and not isinstance(msg, TPStop):
             raise TensorParallelError("the tensor-parallel ranks were stopped")
         data = TP_CODEC.encode(msg)
         try:
-            self.group.broadcast_bytes(data, *([timeout] if timeout else []))
+            self.group.broadcast_bytes(data, timeout)
         except Exception as e:
             raise self.lost(e) from e
         except BaseException as e:  # an interrupt mid-broadcast: the ranks cannot be trusted

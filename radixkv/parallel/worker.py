@@ -24,11 +24,17 @@ import torch.distributed as dist
 
 
 def serve_rank(rank: int, store: dist.Store, config, model_dir: Path, logger: logging.Logger) -> None:
-    from radixkv.attention import make_backend
     from radixkv.mem.kv_memory import KVMemory
     from radixkv.model.config import ModelConfig
     from radixkv.model.cpu_runtime import choose_num_threads
-    from radixkv.model.runner import kv_layout, load_rank_model, rank_device, rank_threads, use_rank_device
+    from radixkv.model.runner import (
+        ModelRunner,
+        kv_layout,
+        load_rank_model,
+        rank_device,
+        rank_threads,
+        use_rank_device,
+    )
     from radixkv.parallel.group import TPGroup
     from radixkv.parallel.journal import replay
     from radixkv.parallel.messages import TP_CODEC, TPForward, TPStart, TPStop, batch_from_message
@@ -51,7 +57,7 @@ def serve_rank(rank: int, store: dist.Store, config, model_dir: Path, logger: lo
     host_tokens = start.host_pages * config.page_size if start.host_pages else None
     memory = KVMemory(kv_layout(config, mc, shard), start.num_pages, start.max_reqs, start.context_length,
                       device, host_tokens, start.host_write_policy)
-    backend = make_backend(config.attention_backend_name, memory.pool, memory.req_table.table)
+    runner = ModelRunner(config, model, memory, model_dir, start.context_length)  # this rank's part only
     store.set(f"ready/{rank}", "1")
     logger.info("rank %d of %d ready: %d/%d heads, %d/%d KV heads, %d KV pages", rank, config.tp_size,
                 shard.local(mc.num_heads), mc.num_heads, shard.local(mc.num_kv_heads), mc.num_kv_heads,
@@ -62,7 +68,7 @@ def serve_rank(rank: int, store: dist.Store, config, model_dir: Path, logger: lo
             return
         assert isinstance(msg, TPForward), f"expected TPForward, got {type(msg).__name__}"
         replay(memory, msg.table_writes, msg.page_ops)
-        model(batch_from_message(msg, device), backend)  # the logits are rank 0's
+        runner.forward(batch_from_message(msg, device))  # the logits are rank 0's
 
 
 def watch_parent(parent_pid: int, interval_s: float = 1.0) -> None:
