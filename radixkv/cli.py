@@ -221,11 +221,31 @@ def run_generate(args: argparse.Namespace) -> int:
             print(flush=True)
         elapsed = time.perf_counter() - start
         print(f"[{meta['prompt_tokens']} prompt tokens, {meta['cached_tokens']} cached, "
-              f"{meta['completion_tokens']} generated in {elapsed:.2f} s, "
-              f"finish: {meta['finish_reason']}]", file=sys.stderr)
+              f"{meta['completion_tokens']} generated in {elapsed:.2f} s; "
+              f"{describe_finish(meta['finish_reason'], engine.tokenizer)}]", file=sys.stderr)
     finally:
         engine.shutdown()
     return 0
+
+
+def describe_finish(reason: dict[str, Any] | None, tokenizer=None) -> str:
+    """A finish reason (`{"type": "stop", "matched": 2}`, ...) as words for a person."""
+    if not reason:
+        return "unfinished"
+    kind = reason.get("type")
+    if kind == "stop":
+        matched = reason.get("matched")
+        if isinstance(matched, str):
+            return f"stopped at the stop string {matched!r}"
+        if isinstance(matched, int):
+            text = tokenizer.decode([matched], skip_special_tokens=False) if tokenizer is not None else ""
+            return f"stopped at the end token {text or matched!r}" if text else f"stopped at token {matched}"
+        return "stopped"
+    if kind == "length":
+        return f"stopped at the length limit ({reason.get('length')} new tokens)"
+    if kind == "abort":
+        return f"aborted: {reason.get('message', 'no reason given')}"
+    return f"finished ({kind})"
 
 
 def run_chat(args: argparse.Namespace) -> int:

@@ -156,6 +156,22 @@ async def _serve(config: EngineConfig, host: str, port: int, settings) -> int:
             endpoints.remove()
 
 
+def exposure_warning(host: str, api_key: str | None) -> str | None:
+    """What to warn about when `host` lets other machines in and nothing asks for a key."""
+    import ipaddress
+
+    if api_key:
+        return None
+    try:
+        loopback = ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        loopback = host == "localhost"
+    if loopback:
+        return None
+    return (f"--host {host} without --api-key: anyone who can reach this machine's port can use the model "
+            f"and read /server_info; pass --api-key KEY (clients send 'Authorization: Bearer KEY')")
+
+
 def serve(config: EngineConfig, host: str = "127.0.0.1", port: int = 30000, api_key: str | None = None,
           served_model_name: str | None = None, max_body_bytes: int | None = None) -> int:
     """Run the server until SIGINT/SIGTERM; returns the process exit code."""
@@ -170,6 +186,9 @@ def serve(config: EngineConfig, host: str = "127.0.0.1", port: int = 30000, api_
     if max_body_bytes is not None and max_body_bytes < 1024:
         raise ConfigError(f"--max-body-bytes {max_body_bytes}: must be at least 1024")
     check_port_free(host, port)
+    warning = exposure_warning(host, api_key)
+    if warning:
+        logger.warning(warning)
     model_dir = resolve_model_dir(config.model, config.cache_dir)  # converts a GGUF once, with progress
     name = served_model_name or (DEFAULT_MODEL_NAME if config.model is None else Path(config.model).stem)
     config = replace(config, model=str(model_dir))

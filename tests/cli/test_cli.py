@@ -46,6 +46,31 @@ def test_generate_answers_with_the_default_model():
     assert out.returncode == 0, out.stderr
     assert "Paris" in out.stdout
     assert re.search(r"\[\d+ prompt tokens, 0 cached, \d+ generated", out.stderr)
+    assert re.search(r"stopped at (the end token|the length limit)", out.stderr), out.stderr
+    assert "{'type'" not in out.stderr  # the finish reason in words, not a raw dict
+
+
+def test_finish_reasons_read_as_words():
+    from radixkv.cli import describe_finish
+
+    class Tok:
+        def decode(self, ids, skip_special_tokens=True):
+            return {2: "<|im_end|>"}[ids[0]]
+
+    assert describe_finish({"type": "stop", "matched": 2}, Tok()) == "stopped at the end token '<|im_end|>'"
+    assert describe_finish({"type": "stop", "matched": "\n\n"}) == "stopped at the stop string '\\n\\n'"
+    assert describe_finish({"type": "length", "length": 12}) == "stopped at the length limit (12 new tokens)"
+    assert describe_finish({"type": "abort", "message": "bye"}) == "aborted: bye"
+
+
+def test_serving_beyond_loopback_without_a_key_warns():
+    from radixkv.server.launch import exposure_warning
+
+    assert "--api-key" in exposure_warning("0.0.0.0", None)
+    assert "--api-key" in exposure_warning("::", None)
+    assert exposure_warning("0.0.0.0", "secret") is None
+    assert exposure_warning("127.0.0.1", None) is None and exposure_warning("localhost", None) is None
+    assert exposure_warning("::1", None) is None
 
 
 @needs_default_model
