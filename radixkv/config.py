@@ -12,10 +12,13 @@ from typing import Any
 import torch
 
 from radixkv.errors import ConfigError
+from radixkv.kv_bytes import KV_CACHE_DTYPES, parse_host_size
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 SCHEDULE_POLICIES = ("lpm", "fcfs", "dfs-weight")
 LOG_LEVELS = ("debug", "info", "warning", "error")
+EVICTION_POLICIES = ("lru", "lfu", "fifo", "reuse", "reuse-cost")
+"""The online eviction policies by name (built by `radixkv.mem.eviction.make_policy`)."""
 
 
 def _opt(default: Any, help: str) -> Any:
@@ -95,8 +98,6 @@ class EngineConfig:
                   "give device=cuda (or auto), not one GPU")
             check(torch.cuda.device_count() >= self.tp_size, "tp_size",
                   f"needs one GPU per rank; this machine has {torch.cuda.device_count()}")
-        from radixkv.mem.kv_quant import KV_CACHE_DTYPES
-
         check(self.kv_cache_dtype in KV_CACHE_DTYPES, "kv_cache_dtype", f"must be one of {list(KV_CACHE_DTYPES)}")
         check(self.page_size >= 1, "page_size", "must be >= 1")
         check(self.max_total_tokens is None or self.max_total_tokens >= self.page_size,
@@ -108,12 +109,9 @@ class EngineConfig:
               "chunked_prefill_size", "must be 0 (off) or at least one page")
         check(self.max_prefill_tokens >= 1, "max_prefill_tokens", "must be >= 1")
         check(self.schedule_policy in SCHEDULE_POLICIES, "schedule_policy", f"must be one of {SCHEDULE_POLICIES}")
-        from radixkv.mem.eviction import POLICIES
-
-        check(self.eviction_policy in POLICIES, "eviction_policy", f"must be one of {sorted(POLICIES)}")
+        check(self.eviction_policy in EVICTION_POLICIES, "eviction_policy",
+              f"must be one of {sorted(EVICTION_POLICIES)}")
         if self.host_kv_size is not None:
-            from radixkv.mem.host_tier import parse_host_size
-
             parse_host_size(self.host_kv_size)
             check(not self.disable_radix_cache, "host_kv_size", "needs the radix cache (disable_radix_cache is set)")
         check(self.host_write_policy in ("write-back", "write-through"), "host_write_policy",

@@ -27,53 +27,25 @@ Sizes ignore the pool's padding page and page rounding: they are what the tokens
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from radixkv.errors import ConfigError
+from radixkv.kv_bytes import (  # noqa: F401  (the calculator's public names)
+    FLOAT_KV_DTYPES,
+    INT4_GROUP,
+    KV_DTYPES,
+    bytes_per_head,
+    canonical_kv_dtype,
+    element_dtype,
+    format_bytes,
+    int4_group,
+    parse_size,
+)
 
-INT4_GROUP = 16
-"""Elements along head_dim sharing one (scale, minimum) pair in the int4 layout."""
-
-_SCALE_BYTES = 4  # int8: one float32 scale
-_PAIR_BYTES = 4  # int4: two float16 values
-_ELEMENT_BYTES = {"float32": 4, "fp16": 2, "bf16": 2, "fp8_e4m3": 1, "fp8_e5m2": 1}
-KV_DTYPES = ("float32", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2", "int8", "int4")
-"""Every KV dtype the calculator knows, in the order `all` lists them ('auto' resolves to one)."""
-
-_DTYPE_ALIASES = {"fp32": "float32", "float": "float32", "float16": "fp16", "half": "fp16",
-                  "bfloat16": "bf16", "float8_e4m3fn": "fp8_e4m3", "float8_e4m3": "fp8_e4m3",
-                  "fp8": "fp8_e4m3", "float8_e5m2": "fp8_e5m2"}
 DEFAULT_CONTEXT = 4096
 """Tokens per request when neither the caller nor the config (max_position_embeddings) says."""
-
-
-def int4_group(head_dim: int) -> int:
-    """Values of `head_dim` sharing one int4 (scale, minimum) pair."""
-    return INT4_GROUP if head_dim % INT4_GROUP == 0 else head_dim
-
-
-def bytes_per_head(kv_dtype: str, head_dim: int) -> int:
-    """Bytes of one (token, KV head) of K or V stored as `kv_dtype` (not 'auto'), scales
-    included: the layouts of the runtime's pools (`radixkv.mem.kv_pool`)."""
-    if kv_dtype == "int8":
-        return head_dim + _SCALE_BYTES
-    if kv_dtype == "int4":
-        if head_dim % 2:
-            raise ConfigError(f"int4 KV needs an even head_dim, got {head_dim}")
-        return head_dim // 2 + _PAIR_BYTES * (head_dim // int4_group(head_dim))
-    return head_dim * _ELEMENT_BYTES[kv_dtype]
-
-
-def canonical_kv_dtype(name: str) -> str:
-    """The canonical name of a KV dtype ('auto' stays 'auto'); raises ConfigError if unknown."""
-    key = name.strip().lower()
-    key = _DTYPE_ALIASES.get(key, key)
-    if key != "auto" and key not in KV_DTYPES:
-        raise ConfigError(f"unknown KV dtype {name!r}: expected auto or one of {', '.join(KV_DTYPES)}")
-    return key
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,41 +233,12 @@ def _config_dtype(field: _FieldReader) -> str:
         value = field.get(name)
         if value is None:
             continue
-        dtype = _DTYPE_ALIASES.get(str(value).lower(), str(value).lower())
-        if dtype not in _ELEMENT_BYTES:
+        dtype = element_dtype(value)
+        if dtype is None:
             raise ConfigError(f"{field.source}: {field.prefix}{name} {value!r} is not a floating "
-                              f"dtype the calculator knows ({', '.join(_ELEMENT_BYTES)})")
+                              f"dtype the calculator knows ({', '.join(FLOAT_KV_DTYPES)})")
         return dtype
     return "float32"
-
-
-_SIZE_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3,
-               "gb": 1000**3, "t": 1000**4, "tb": 1000**4, "kib": 1024, "mib": 1024**2,
-               "gib": 1024**3, "tib": 1024**4}
-
-
-def parse_size(text: str) -> int:
-    """Bytes in a size such as '24GiB', '80GB', '512MiB', '1.5 GiB' or '1000000'.
-
-    KB/MB/GB/TB are powers of 1000, KiB/MiB/GiB/TiB powers of 1024 (case-insensitive).
-    """
-    match = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([A-Za-z]*)\s*", text)
-    unit = match and match.group(2).lower()
-    if not match or unit not in _SIZE_UNITS:
-        raise ConfigError(f"invalid size {text!r}: expected a number of bytes, optionally with a "
-                          f"unit (B, KB, MB, GB, TB, KiB, MiB, GiB, TiB), e.g. 24GiB or 80GB")
-    return int(float(match.group(1)) * _SIZE_UNITS[unit])
-
-
-def format_bytes(num_bytes: int) -> str:
-    """`num_bytes` in the largest binary unit keeping it >= 1: '512 B', '128 KiB', '68.62 KiB'."""
-    value, unit = float(num_bytes), "B"
-    for next_unit in ("KiB", "MiB", "GiB", "TiB"):
-        if value < 1024:
-            break
-        value, unit = value / 1024, next_unit
-    text = f"{value:.2f}".rstrip("0").rstrip(".")
-    return f"{text} {unit}"
 
 
 def kv_report(geometry: KVGeometry, kv_dtypes: list[str], *, context: int | None = None,

@@ -1,7 +1,7 @@
 """KV memory: the page allocator, KV pool, request table and prefix caches."""
 
 from radixkv.mem.allocator import PADDING_PAGE, PageAllocator, pages_for_tokens, pages_to_slots
-from radixkv.mem.base import MatchResult, PrefixCache
+from radixkv.mem.base import InsertResult, MatchResult, PrefixCache
 from radixkv.mem.eviction import (
     POLICIES,
     BeladyPolicy,
@@ -11,16 +11,33 @@ from radixkv.mem.eviction import (
     LRUPolicy,
     make_policy,
 )
+from radixkv.mem.host_tier import HostTier
 from radixkv.mem.kv_memory import KVMemory
 from radixkv.mem.kv_pool import DenseKVPool, Int4KVPool, Int8KVPool, KVLayout, KVPool, make_kv_pool
 from radixkv.mem.no_cache import NoCache
-from radixkv.mem.radix_cache import RadixCache, TreeNode
+from radixkv.mem.radix_cache import RadixCache
 from radixkv.mem.req_table import ReqToTokenTable
 from radixkv.mem.seq_pages import SeqPages
+from radixkv.mem.tiered_cache import HostTieredCache
+from radixkv.mem.tree_node import TieredNode, TreeNode
+
+
+def make_prefix_cache(allocator: PageAllocator, eviction_policy: str | EvictionPolicy = "lru",
+                      attention_scale: float | None = None, host_tier: HostTier | None = None,
+                      disabled: bool = False) -> PrefixCache:
+    """The prefix cache a configuration asks for: none (`disabled`), the radix tree, or the tree
+    over a host tier."""
+    if disabled:
+        return NoCache(allocator)
+    if host_tier is not None:
+        return HostTieredCache(allocator, eviction_policy, attention_scale, host_tier)
+    return RadixCache(allocator, eviction_policy, attention_scale)
+
 
 __all__ = [
-    "PADDING_PAGE", "POLICIES", "BeladyPolicy", "EvictionPolicy", "FIFOPolicy", "KVLayout", "KVMemory",
-    "KVPool", "LFUPolicy", "LRUPolicy", "MatchResult", "NoCache", "PageAllocator", "PrefixCache",
-    "RadixCache", "ReqToTokenTable", "SeqPages", "TreeNode", "make_policy", "pages_for_tokens",
-    "pages_to_slots",
+    "PADDING_PAGE", "POLICIES", "BeladyPolicy", "DenseKVPool", "EvictionPolicy", "FIFOPolicy", "HostTieredCache",
+    "InsertResult", "Int4KVPool", "Int8KVPool",
+    "KVLayout", "KVMemory", "KVPool", "LFUPolicy", "LRUPolicy", "MatchResult", "NoCache", "PageAllocator",
+    "PrefixCache", "RadixCache", "ReqToTokenTable", "SeqPages", "TieredNode", "TreeNode", "make_policy",
+    "make_kv_pool", "make_prefix_cache", "pages_for_tokens", "pages_to_slots",
 ]

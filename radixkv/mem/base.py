@@ -1,8 +1,15 @@
-"""The prefix-cache interface shared by the radix cache and the no-op cache.
+"""The prefix-cache interface shared by the radix cache, its tiered form and the no-op cache.
 
-The scheduler drives a request's life through it:
-  match_prefix -> lock(last_node) -> [extend; cache_unfinished ...] -> cache_finished
-and the simulator and tests drive the same calls.
+The scheduler drives a request's admission through it, walking the tree once per step:
+
+    peek(key)       longest cached prefix; changes nothing (the scheduling policy's look)
+    load_back(m)    (tiered) bring the host-resident continuation onto the device
+    settle(m)       end the match on a node boundary (splits the edge it ends inside)
+    lock(node)      pin the path while the request reads it
+    record_use(m)   the request is admitted: the path's access times and hit counts
+    [extend; cache_unfinished ...] -> cache_finished
+
+`match_prefix(key)` is peek + settle + record_use in one call, for simulators and tests.
 """
 
 from __future__ import annotations
@@ -21,15 +28,29 @@ Namespace = Any
 
 @dataclass(frozen=True, slots=True)
 class MatchResult:
-    """Longest cached prefix of a key: its page ids, length in tokens, and the deepest node.
+    """Longest cached prefix of a key: its page ids, its length in tokens, and the node where it
+    ends (inside that node's edge, unless `settle`d).
 
     With a host tier, `host_tokens` more tokens of the key continue the match one tier down
-    (`load_back` brings them to the device)."""
+    (`load_back` brings them to the device). `key`, `namespace` and `epoch` (the tree's removal
+    count when it was matched) let `settle` notice a match that went stale and redo it."""
 
     pages: list[int]
     num_tokens: int
     last_node: Any
     host_tokens: int = 0
+    key: tuple = ()
+    namespace: Namespace = None
+    epoch: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class InsertResult:
+    """What `insert_path` did: tokens of the key that were already cached, and the key's path,
+    now all on the device (its pages, and the node ending exactly at the key's end)."""
+
+    cached_tokens: int
+    match: MatchResult
 
 
 class PrefixCache(ABC):
@@ -41,24 +62,48 @@ class PrefixCache(ABC):
     stats_evicted_tokens: int
     """Tokens evicted since the cache was created."""
 
+    # -- lookup --------------------------------------------------------------------------------
     @abstractmethod
-    def match_prefix(
-        self, key: Sequence[int], namespace: Namespace = None, *, record_hit: bool = True
-    ) -> MatchResult:
-        """Longest cached prefix of `key` (page-aligned).
+    def peek(self, key: Sequence[int], namespace: Namespace = None) -> MatchResult:
+        """Longest cached prefix of `key` (page-aligned). Changes nothing: no edge is split and
+        no statistic moves, so a scheduling policy may look as often as it likes."""
 
-        With `record_hit` (a request will use the prefix) the path's access times and hit counts
-        are updated; without it the call is a peek that changes no statistic (it may still split
-        an edge where the match ends).
-        """
+    def settle(self, match: MatchResult) -> MatchResult:
+        """`match` ending on a node boundary, splitting the edge it ends inside; re-matched
+        first if what the key matches changed since it was made. What a request locks."""
+        return match
 
+    def record_use(self, match: MatchResult) -> None:
+        """A request uses the settled `match`: the path's access times and hit counts move."""
+
+    def match_prefix(self, key: Sequence[int], namespace: Namespace = None, *,
+                     record_hit: bool = True) -> MatchResult:
+        """`peek`, then `settle`; with `record_hit` (a request will use the prefix) also
+        `record_use`. Without it the call changes no statistic (it may split an edge)."""
+        match = self.settle(self.peek(key, namespace))
+        if record_hit:
+            self.record_use(match)
+        return match
+
+    def load_back(self, match: MatchResult, key: Sequence[int] | None = None,
+                  namespace: Namespace = None) -> MatchResult:
+        """Bring the host-resident continuation of `match` onto the device as far as device pages
+        allow; returns the new (device) match. Without a host tier: `match` itself."""
+        return match
+
+    # -- mutation ------------------------------------------------------------------------------
     @abstractmethod
+    def insert_path(self, key: Sequence[int], pages: Sequence[int], namespace: Namespace = None) -> InsertResult:
+        """Cache `key` stored in `pages` (page-aligned prefix of it); see `insert`. Returns what
+        was cached already and the key's whole path (so the caller need not match it again)."""
+
     def insert(self, key: Sequence[int], pages: Sequence[int], namespace: Namespace = None) -> int:
         """Cache `key` stored in `pages` (page-aligned prefix of it); returns tokens already cached.
 
         The tree takes its own reference on the pages it adopts; the caller keeps (and later
         drops) its own references, so pages duplicating cached ones are freed when it does.
         """
+        return self.insert_path(key, pages, namespace).cached_tokens
 
     @abstractmethod
     def lock(self, node: Any) -> None:
@@ -68,15 +113,11 @@ class PrefixCache(ABC):
     def unlock(self, node: Any) -> None:
         """Undo one `lock(node)`."""
 
-    def load_back(self, match: MatchResult, key: Sequence[int], namespace: Namespace = None) -> MatchResult:
-        """Bring the host-resident continuation of `match` onto the device as far as device pages
-        allow; returns the new (device) match. Without a host tier: `match` itself."""
-        return match
-
     @abstractmethod
     def evict(self, num_tokens: int) -> int:
         """Free at least `num_tokens` tokens of unlocked leaves if possible; returns tokens freed."""
 
+    # -- sizes and checks ----------------------------------------------------------------------
     @property
     @abstractmethod
     def evictable_tokens(self) -> int:
@@ -121,7 +162,7 @@ class PrefixCache(ABC):
         token, which never went through the model). Only whole pages are cached.
         """
         n = self.aligned(min(len(key), seq.num_tokens))
-        self.insert(key[:n], seq.pages[: n // self.page_size], namespace)
+        self.insert_path(key[:n], seq.pages[: n // self.page_size], namespace)
         self.unlock(last_node)
         seq.release()
 
@@ -134,9 +175,26 @@ class PrefixCache(ABC):
         its lock moves from `last_node` to the new deepest node. Returns the new match.
         """
         n = self.aligned(min(len(key), seq.num_tokens))
-        self.insert(key[:n], seq.pages[: n // self.page_size], namespace)
-        match = self.match_prefix(key[:n], namespace, record_hit=False)  # its own insert, no hit
+        match = self.insert_path(key[:n], seq.pages[: n // self.page_size], namespace).match
         seq.replace_prefix(match.pages)
         self.lock(match.last_node)
         self.unlock(last_node)
         return match
+
+    def serve_and_cache(self, key: Sequence[int], match: MatchResult) -> bool:
+        """What a server does with a request whose prefix `match` is cached, for simulators: lock
+        it, take pages for the rest (evicting if needed), "compute", and cache the whole prompt.
+        False when the prompt is larger than everything the pool can free (served, not cached)."""
+        allocator = self.allocator
+        self.lock(match.last_node)
+        seq = SeqPages.from_prefix(allocator, match.pages, match.num_tokens)
+        need = seq.pages_needed(len(key) - match.num_tokens)
+        if allocator.free_pages < need:
+            self.evict((need - allocator.free_pages) * self.page_size)
+        if allocator.free_pages < need:
+            self.unlock(match.last_node)
+            seq.release()
+            return False
+        seq.extend(len(key) - match.num_tokens)
+        self.cache_finished(key, seq, match.last_node)
+        return True

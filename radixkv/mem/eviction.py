@@ -27,10 +27,11 @@ import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, ClassVar
 
+from radixkv.config import EVICTION_POLICIES
 from radixkv.errors import ConfigError
 
 if TYPE_CHECKING:
-    from radixkv.mem.radix_cache import TreeNode
+    from radixkv.mem.tree_node import TreeNode
 
 Priority = tuple
 
@@ -185,6 +186,7 @@ POLICIES: dict[str, Callable[..., EvictionPolicy]] = {
 }
 """Online policies selectable by name (Belady needs an oracle and is built explicitly).
 `reuse` ranks by reuse odds alone; `reuse-cost` also weighs each token's recompute cost."""
+assert tuple(POLICIES) == EVICTION_POLICIES, "the config's list of eviction policies is this registry's"
 
 
 def make_policy(policy: str | EvictionPolicy, attention_scale: float | None = None) -> EvictionPolicy:

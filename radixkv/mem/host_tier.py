@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from radixkv.errors import ConfigError
+from radixkv.kv_bytes import host_tier_pages, parse_host_size  # noqa: F401  (the flag's parser)
 from radixkv.mem.allocator import PageAllocator
 from radixkv.mem.kv_pool import KVPool
 
@@ -102,33 +103,3 @@ class HostKVTier(HostTier):
         self.pool.write_pages(dst, [host.index_select(0, src) for host in self.storage])
         if self.journal is not None:
             self.journal.host_load(host_pages, device_pages)
-
-
-def parse_host_size(text: str | int) -> tuple[str, int]:
-    """`--host-kv-size`: a plain number is tokens ("200000"), a number with a unit is bytes
-    ("2GiB", "512MB"; units as in `radixkv kv-size`). Returns ("tokens" | "bytes", amount)."""
-    from radixkv.kv_size import parse_size
-
-    s = str(text).strip()
-    bad = ConfigError(f"host_kv_size={text!r}: give tokens (e.g. 200000) or bytes with a unit "
-                      f"(e.g. 2GiB, 512MB)")
-    if not any(c.isalpha() for c in s):
-        if not s.isdigit() or int(s) <= 0:
-            raise bad
-        return "tokens", int(s)
-    try:
-        amount = parse_size(s)
-    except ConfigError:
-        raise bad from None
-    if amount <= 0:
-        raise bad
-    return "bytes", amount
-
-
-def host_tier_pages(size: str | int, page_size: int, bytes_per_page: int) -> int:
-    """Host pages that `size` (see `parse_host_size`) holds."""
-    kind, amount = parse_host_size(size)
-    pages = amount // page_size if kind == "tokens" else amount // bytes_per_page - 1
-    if pages < 1:
-        raise ConfigError(f"host_kv_size={size!r} holds no page of {page_size} tokens ({bytes_per_page} bytes)")
-    return pages

@@ -21,11 +21,9 @@ from __future__ import annotations
 
 import torch
 
+from radixkv import kv_bytes
 from radixkv.errors import ConfigError
-from radixkv import kv_size
-from radixkv.kv_size import INT4_GROUP, bytes_per_head
-
-KV_CACHE_DTYPES = ("auto", "float32", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2", "int8", "int4")
+from radixkv.kv_bytes import INT4_GROUP, KV_CACHE_DTYPES, bytes_per_head  # noqa: F401  (INT4_GROUP: the format's)
 SCALE_DTYPE = torch.float32  # int8: one per token and KV head
 INT4_SCALE_DTYPE = torch.float16  # int4: a (scale, minimum) pair per group
 _MIN_SCALE = 1e-8  # an all-zero head quantises to zeros, not NaN
@@ -45,7 +43,7 @@ def int4_group(head_dim: int) -> int:
     """Values sharing one int4 scale."""
     if head_dim % 2:
         raise ConfigError(f"int4 KV needs an even head_dim (two values per byte), got {head_dim}")
-    return kv_size.int4_group(head_dim)
+    return kv_bytes.int4_group(head_dim)
 
 
 def bytes_per_head_token(kv_cache_dtype: str, head_dim: int, model_dtype: torch.dtype) -> int:

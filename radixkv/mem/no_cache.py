@@ -11,22 +11,22 @@ from typing import Any
 
 from radixkv.errors import CacheInvariantError
 from radixkv.mem.allocator import PageAllocator
-from radixkv.mem.base import MatchResult, Namespace, PrefixCache
+from radixkv.mem.base import InsertResult, MatchResult, Namespace, PrefixCache
 
 
 class NoCache(PrefixCache):
+    """Caches nothing: every match is empty, every insert is a no-op."""
+
     def __init__(self, allocator: PageAllocator, eviction_policy: Any = None, attention_scale: Any = None):
         self.allocator = allocator
         self.page_size = allocator.page_size
         self.stats_evicted_tokens = 0
 
-    def match_prefix(
-        self, key: Sequence[int], namespace: Namespace = None, *, record_hit: bool = True
-    ) -> MatchResult:
-        return MatchResult([], 0, None)
+    def peek(self, key: Sequence[int], namespace: Namespace = None) -> MatchResult:
+        return MatchResult([], 0, None, namespace=namespace)
 
-    def insert(self, key: Sequence[int], pages: Sequence[int], namespace: Namespace = None) -> int:
-        return 0
+    def insert_path(self, key: Sequence[int], pages: Sequence[int], namespace: Namespace = None) -> InsertResult:
+        return InsertResult(0, MatchResult([], 0, None, namespace=namespace))
 
     def lock(self, node: Any) -> None:
         pass

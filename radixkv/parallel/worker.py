@@ -77,7 +77,7 @@ def watch_parent(parent_pid: int, interval_s: float = 1.0) -> None:
     import threading
     import time
 
-    from radixkv.server.process_utils import parent_alive
+    from radixkv.procs import parent_alive
 
     def watch() -> None:
         while parent_alive(parent_pid):
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from radixkv.config import EngineConfig
-    from radixkv.server.process_utils import become_child
+    from radixkv.procs import become_child
 
     config = EngineConfig(**json.loads(args.config))
     logger = become_child(args.parent_pid, config.log_level, f"tp-rank{args.rank}", death_signal=False)

@@ -34,16 +34,14 @@ class ApproxTree:
 
     def match(self, key: Sequence[Hashable]) -> int:
         """Symbols of `key` this worker probably has cached."""
-        return self.cache.match_prefix(key, record_hit=False).num_tokens
+        return self.cache.peek(key).num_tokens
 
     def insert(self, key: Sequence[Hashable]) -> None:
         """Record that `key` went to this worker (evicting the least recently routed prefixes)."""
-        from radixkv.workloads.replay import serve_and_cache
-
         key = tuple(key)
         key = key[: len(key) - len(key) % self.cache.page_size]
         if key:
-            serve_and_cache(self.cache, key, self.cache.match_prefix(key))
+            self.cache.serve_and_cache(key, self.cache.match_prefix(key))
 
     @property
     def size(self) -> int:

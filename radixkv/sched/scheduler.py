@@ -26,7 +26,7 @@ import torch
 from radixkv.attention import ForwardMode
 from radixkv.config import EngineConfig
 from radixkv.errors import CacheInvariantError, InvalidRequestError
-from radixkv.mem import KVMemory, NoCache, PrefixCache, RadixCache, pages_for_tokens
+from radixkv.mem import KVMemory, PrefixCache, make_prefix_cache, pages_for_tokens
 from radixkv.model.runner import ModelRunner
 from radixkv.model.sampler import Sampler, SamplingRow
 from radixkv.sched.batch import ScheduledBatch
@@ -58,11 +58,9 @@ class Scheduler:
         self.page_size = config.page_size
         self.allocator = memory.allocator
         self.req_table = memory.req_table
-        if config.disable_radix_cache:
-            self.cache: PrefixCache = NoCache(self.allocator)
-        else:
-            self.cache = RadixCache(self.allocator, config.eviction_policy,
-                                    attention_scale=runner.model_config.attention_scale, host_tier=memory.host)
+        self.cache: PrefixCache = make_prefix_cache(
+            self.allocator, config.eviction_policy, runner.model_config.attention_scale,
+            host_tier=memory.host, disabled=config.disable_radix_cache)
         self.policy = SchedulePolicy(config.schedule_policy, self.cache, config.starvation_limit)
         self.sampler = Sampler(runner.device, config.random_seed)
         self.waiting: deque[Req] = deque()

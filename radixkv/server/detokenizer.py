@@ -10,7 +10,7 @@ final piece is cut before the stop string that ended generation.
 
 from __future__ import annotations
 
-from radixkv.server.process_utils import PARENT_POLL_MS, become_child, parent_alive, quiet_compute_threads
+from radixkv.procs import PARENT_POLL_MS, become_child, parent_alive, quiet_compute_threads
 from radixkv.server.sockets import Endpoints
 
 

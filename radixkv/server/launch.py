@@ -178,7 +178,7 @@ def serve(config: EngineConfig, host: str = "127.0.0.1", port: int = 30000, api_
     from radixkv.logs import setup_logging
     from radixkv.model.loader import resolve_model_dir
     from radixkv.server.http_app import DEFAULT_MAX_BODY_BYTES, ServerSettings
-    from radixkv.server.process_utils import quiet_compute_threads
+    from radixkv.procs import quiet_compute_threads
 
     setup_logging(config.log_level)
     if not 0 < port < 65536:

@@ -28,7 +28,7 @@ from radixkv.ipc import (
     decode,
     encode,
 )
-from radixkv.server.process_utils import PARENT_POLL_MS, become_child, parent_alive
+from radixkv.procs import PARENT_POLL_MS, become_child, parent_alive
 from radixkv.server.sockets import Endpoints
 
 

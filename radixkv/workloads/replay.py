@@ -17,13 +17,11 @@ from dataclasses import asdict, dataclass
 from radixkv.mem import (
     BeladyPolicy,
     EvictionPolicy,
-    NoCache,
     PageAllocator,
     PrefixCache,
-    RadixCache,
-    SeqPages,
     TreeNode,
     make_policy,
+    make_prefix_cache,
 )
 from radixkv.mem.host_tier import HostTier, HostTierConfig
 from radixkv.workloads.trace import BLOCK_SIZE, TraceRequest, expand_tokens, rehash
@@ -139,33 +137,14 @@ def build_cache(
     if host_capacity_tokens >= page_size:
         host = HostTier(HostTierConfig(host_capacity_tokens // page_size, page_size, host_write_policy))
     if policy == "none":
-        return NoCache(allocator), None
+        return make_prefix_cache(allocator, disabled=True), None
     if policy == "inf":
-        return RadixCache(allocator, "lru", host_tier=host), None
+        return make_prefix_cache(allocator, "lru", host_tier=host), None
     if policy in OFFLINE_POLICIES:
         oracle = BeladyOracle(trace, block_size)
         rule = BeladyPolicy(oracle) if policy == "belady" else ReuseOraclePolicy(oracle)
-        return RadixCache(allocator, rule, host_tier=host), oracle
-    return RadixCache(allocator, make_policy(policy, attention_scale), host_tier=host), None
-
-
-def serve_and_cache(cache: PrefixCache, key: Sequence[int], match) -> bool:
-    """What a server does with a request whose prefix `match` is cached: lock it, take pages for
-    the rest (evicting if needed), compute, and cache the whole prompt. False when the prompt is
-    larger than everything the pool can free (served, but not cached)."""
-    allocator = cache.allocator
-    cache.lock(match.last_node)
-    seq = SeqPages.from_prefix(allocator, match.pages, match.num_tokens)
-    need = seq.pages_needed(len(key) - match.num_tokens)
-    if allocator.free_pages < need:
-        cache.evict((need - allocator.free_pages) * cache.page_size)
-    if allocator.free_pages < need:
-        cache.unlock(match.last_node)
-        seq.release()
-        return False
-    seq.extend(len(key) - match.num_tokens)
-    cache.cache_finished(key, seq, match.last_node)
-    return True
+        return make_prefix_cache(allocator, rule, host_tier=host), oracle
+    return make_prefix_cache(allocator, make_policy(policy, attention_scale), host_tier=host), None
 
 
 def replay(
@@ -210,7 +189,7 @@ def replay(
         prompt_tokens += len(key)
         work += token_cost_prefix_sum(len(key), attention_scale)
         saved += token_cost_prefix_sum(match.num_tokens, attention_scale)
-        uncached += not serve_and_cache(cache, key, match)
+        uncached += not cache.serve_and_cache(key, match)
         if check_every and i % check_every == 0:
             cache.check_invariants(inflight_pages=0)
         if progress is not None:

@@ -15,7 +15,6 @@ from dataclasses import asdict, dataclass
 
 from radixkv.mem import PageAllocator, RadixCache
 from radixkv.router.policy import make_policy
-from radixkv.workloads.replay import serve_and_cache
 from radixkv.workloads.trace import BLOCK_SIZE, TraceRequest, expand_tokens
 
 
@@ -56,7 +55,7 @@ def replay_routed(trace: Sequence[TraceRequest], policy: str, workers: int, capa
         match = caches[w].match_prefix(key)
         hits += match.num_tokens
         prompt += len(key)
-        serve_and_cache(caches[w], key, match)
+        caches[w].serve_and_cache(key, match)
         if progress is not None:
             progress(1)
     mean = len(trace) / workers

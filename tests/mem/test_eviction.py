@@ -11,9 +11,9 @@ def evicted_order(cache, n, edge_tokens=2):
     """Evict one whole edge at a time; return the first token of each evicted edge."""
     order = []
     for _ in range(n):
-        before = {node.key[0] for node in cache._iter_nodes()}
+        before = {node.key[0] for node in cache.nodes()}
         cache.evict(edge_tokens)
-        after = {node.key[0] for node in cache._iter_nodes()}
+        after = {node.key[0] for node in cache.nodes()}
         order.extend(sorted(before - after))
     return order
 
@@ -104,7 +104,7 @@ def test_reuse_policy_counts_the_turns_of_a_conversation_below_a_shared_trunk():
     conversation(cache, [10, 11], turns=1)
     conversation(cache, [20, 21], turns=3)
     leaves = {node.key[0] if node.parent is not cache.root else None: node
-              for node in cache._iter_nodes() if not node.children}
+              for node in cache.nodes() if not node.children}
     by_first_token = {}
     for leaf in leaves.values():
         top = leaf
@@ -134,7 +134,7 @@ def test_a_conversation_that_continued_outlives_a_fresher_one_time_prompt():
     conversation(cache, [20, 21], turns=3)  # continued twice
     conversation(cache, [10, 11], turns=1)  # newer, never continued
     policy.hit_gap = 100.0  # idle gaps before reuse are long compared with these ticks
-    for node in list(cache._iter_nodes()):
+    for node in list(cache.nodes()):
         if node.candidate is not None:  # re-rank with the learned time scale
             cache._drop_candidate(node)
             cache._add_candidate(node)
@@ -164,7 +164,7 @@ def test_reuse_cost_keeps_deep_tokens_longer_than_shallow_ones():
     cache_tokens(cache, [50, 51, 52, 53, 54, 55, 56, 57])  # deep: tail tokens cost up to 3x
     cache_tokens(cache, [60, 61])  # shallow and more recent
     policy.hit_gap = 10.0
-    for node in list(cache._iter_nodes()):
+    for node in list(cache.nodes()):
         cache._drop_candidate(node)
         cache._add_candidate(node)
     cache.evict(2)

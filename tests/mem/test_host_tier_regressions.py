@@ -5,7 +5,7 @@ freshly allocated pages are never given to a node nor freed: they leak from the 
 
 import pytest
 
-from radixkv.mem import PageAllocator, RadixCache
+from radixkv.mem import HostTieredCache, PageAllocator
 from radixkv.mem.host_tier import HostTier, HostTierConfig
 
 
@@ -20,7 +20,7 @@ class FlakyTier(HostTier):
 
 def test_failed_load_back_returns_its_device_pages():
     host = FlakyTier(HostTierConfig(num_pages=8, page_size=1))
-    cache = RadixCache(PageAllocator(8, 1), "lru", host_tier=host)
+    cache = HostTieredCache(PageAllocator(8, 1), "lru", host_tier=host)
     key = [1, 2, 3, 4]
     pages = cache.allocator.alloc(4)
     cache.insert(key, pages)

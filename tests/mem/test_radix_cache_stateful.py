@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from radixkv.mem import POLICIES, BeladyPolicy, PageAllocator, RadixCache, SeqPages
+from radixkv.mem import POLICIES, BeladyPolicy, HostTieredCache, PageAllocator, RadixCache, SeqPages
 
 NUM_PAGES = 12
 keys = st.lists(st.integers(0, 3), min_size=0, max_size=14)
@@ -45,6 +45,7 @@ class CacheMachine(RuleBasedStateMachine):
         self.cache = RadixCache(PageAllocator(NUM_PAGES, page_size), policy)
         self.ref: dict = {}  # (ns, prefix) -> page
         self.running: list = []  # (key, ns, seq, last_node)
+        self.peeked: list = []  # (key, ns, match) of peeks a scheduler has not acted on yet
 
     # -- the reference ---------------------------------------------------------------------
     def expected_match(self, key, ns):
@@ -77,7 +78,9 @@ class CacheMachine(RuleBasedStateMachine):
 
     @rule(key=keys, ns=namespaces)
     def start_request(self, key, ns):
-        m = self.check_match(key, ns)
+        self.admit(key, ns, self.check_match(key, ns))
+
+    def admit(self, key, ns, m):
         self.cache.lock(m.last_node)
         seq = SeqPages.from_prefix(self.cache.allocator, m.pages, m.num_tokens)
         need = seq.pages_needed(len(key) - m.num_tokens)
@@ -89,10 +92,43 @@ class CacheMachine(RuleBasedStateMachine):
                 self.cache.unlock(m.last_node)
                 seq.release()
                 self.sync_after_eviction()
-                return
+                return False
             self.sync_after_eviction()
         seq.extend(len(key) - m.num_tokens)
         self.running.append((key, ns, seq, m.last_node))
+        return True
+
+    def expected_host_tokens(self, key, ns, device_tokens):
+        return 0
+
+    def snapshot(self):
+        return (tree_prefixes(self.cache), self.cache.num_candidates, sum(1 for _ in self.cache.nodes()),
+                [(n.last_access, n.hit_count) for n in self.cache.nodes()])
+
+    @rule(key=keys, ns=namespaces)
+    def peek(self, key, ns):
+        """The scheduling policy's look: the right answer, and nothing in the tree moves."""
+        before = self.snapshot()
+        m = self.cache.peek(key, ns)
+        assert (m.num_tokens, m.pages) == self.expected_match(key, ns)
+        assert m.host_tokens == self.expected_host_tokens(key, ns, m.num_tokens)
+        assert self.snapshot() == before, "a peek changed the tree"
+        self.peeked.append((key, ns, m))
+
+    @precondition(lambda self: self.peeked)
+    @rule(data=st.data())
+    def admit_peeked(self, data):
+        """Admission acting on a peek made earlier: evictions, inserts, splits and resets may
+        have happened since, and settling must still give the current match."""
+        key, ns, m = self.peeked.pop(data.draw(st.integers(0, len(self.peeked) - 1)))
+        if m.host_tokens or self.expected_host_tokens(key, ns, self.expected_match(key, ns)[0]):
+            m = self.cache.load_back(m)
+            self.sync_after_eviction()
+        m = self.cache.settle(m)
+        assert (m.num_tokens, m.pages) == self.expected_match(key, ns)
+        assert m.last_node is self.cache.root or m.last_node.end == m.num_tokens, "settled inside an edge"
+        if self.admit(key, ns, m):
+            self.cache.record_use(m)
 
     @precondition(lambda self: self.running)
     @rule(data=st.data())
@@ -210,17 +246,20 @@ class HostCacheMachine(CacheMachine):
     def setup(self, page_size, write_policy):
         self.size = page_size
         self.tier = LabelledHostTier(page_size, write_policy)
-        self.cache = RadixCache(PageAllocator(NUM_PAGES, page_size), "lru", host_tier=self.tier)
-        self.ref, self.host_ref, self.running, self.history = {}, {}, [], []
+        self.cache = HostTieredCache(PageAllocator(NUM_PAGES, page_size), "lru", host_tier=self.tier)
+        self.ref, self.host_ref, self.running, self.history, self.peeked = {}, {}, [], [], []
 
     def check_match(self, key, ns):
         m = self.cache.match_prefix(key, ns)
         assert (m.num_tokens, m.pages) == self.expected_match(key, ns)
-        h = m.num_tokens
+        assert m.host_tokens == self.expected_host_tokens(key, ns, m.num_tokens)
+        return m
+
+    def expected_host_tokens(self, key, ns, device_tokens):
+        h = device_tokens
         while h + self.size <= len(key) and (ns, tuple(key[: h + self.size])) in self.host_ref:
             h += self.size
-        assert m.host_tokens == h - m.num_tokens
-        return m
+        return h - device_tokens
 
     @precondition(lambda self: self.history)
     @rule(data=st.data())
@@ -237,6 +276,9 @@ class HostCacheMachine(CacheMachine):
             m = self.cache.load_back(m, key, ns)
             self.sync_after_eviction()
             assert (m.num_tokens, m.pages) == self.expected_match(key, ns)
+        self.admit(key, ns, m)
+
+    def admit(self, key, ns, m):
         self.cache.lock(m.last_node)
         seq = SeqPages.from_prefix(self.cache.allocator, m.pages, m.num_tokens)
         need = seq.pages_needed(len(key) - m.num_tokens)
@@ -247,11 +289,12 @@ class HostCacheMachine(CacheMachine):
             if alloc.free_pages < need:
                 self.cache.unlock(m.last_node)
                 seq.release()
-                return
+                return False
         seq.extend(len(key) - m.num_tokens)
         for end in range(m.num_tokens + self.size, len(key) + 1, self.size):  # "compute" the new pages
             self.tier.device[seq.pages[end // self.size - 1]] = (ns, tuple(key[:end]))
         self.running.append((key, ns, seq, m.last_node))
+        return True
 
     @precondition(lambda self: self.running)
     @rule(data=st.data())

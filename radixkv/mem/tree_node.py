@@ -1,0 +1,68 @@
+"""TreeNode: one edge of the radix tree, and the statistics eviction policies read.
+
+A node owns its edge: `key` (a tuple of token ids) and `pages` (the page ids storing those
+tokens' KV, `len(key) == len(pages) * page_size`). `children` are indexed by their edge's first
+page of tokens (at the root, together with the request's namespace). The tree keeps every other
+field up to date; policies may read them (see `radixkv.mem.eviction`) and keep their own state
+in `meta`.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+_node_ids = itertools.count()
+
+
+class TreeNode:
+    """One edge of the radix tree (see the module docstring)."""
+
+    __slots__ = ("id", "key", "pages", "parent", "children", "child_key", "lock_ref", "last_access",
+                 "hit_count", "created", "depth", "candidate", "meta")
+
+    def __init__(self, key: tuple, pages: list[int], parent: TreeNode | None, now: int):
+        self.id = next(_node_ids)
+        self.key = key  # tokens of this edge
+        self.pages = pages  # page ids storing `key` (empty only for a node of a lower tier)
+        self.parent = parent
+        self.children: dict[Any, TreeNode] = {}
+        self.child_key: Any = None  # this node's index in parent.children
+        self.lock_ref = 0  # running requests reading this node (or a node below it)
+        self.last_access = now  # the tree's logical clock at the last match or insert through it
+        self.hit_count = 0  # matches through this node that a request used
+        self.created = now
+        self.depth = 0 if parent is None else parent.depth + len(parent.key)  # tokens above the edge
+        self.candidate: tuple | None = None  # entry in the eviction candidate set, if any
+        self.meta: Any = None  # free for an eviction policy's own per-node state
+
+    @property
+    def on_device(self) -> bool:
+        """Whether the edge's KV is in the device pool (a lower tier may hold it instead)."""
+        return bool(self.pages)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.key)
+
+    @property
+    def end(self) -> int:
+        """Tokens from the root to the end of this node's edge."""
+        return self.depth + len(self.key)
+
+    def is_leaf(self) -> bool:
+        return not self.children
+
+    def __repr__(self) -> str:
+        return f"TreeNode(id={self.id}, tokens={len(self.key)}, lock_ref={self.lock_ref})"
+
+
+class TieredNode(TreeNode):
+    """A node of a tree with a lower tier: its edge may also (or only) live in host pages."""
+
+    __slots__ = ("host_pages", "host_candidate")
+
+    def __init__(self, key: tuple, pages: list[int], parent: TreeNode | None, now: int):
+        super().__init__(key, pages, parent, now)
+        self.host_pages: list[int] | None = None  # host-tier copy of `key`, if any
+        self.host_candidate: tuple | None = None  # entry in the host tier's LRU, if any
