@@ -30,7 +30,7 @@ def parse_args(argv):
     p.add_argument("--page-size", type=int, default=512, help="tokens per page (default 512)")
     p.add_argument("--json", type=Path, default=RESULTS / "routing_replay.json", help="results file")
     args = p.parse_args(argv)
-    from radixkv.router import POLICIES
+    from radixkv.routing import POLICIES
 
     try:
         args.workers = [int(x) for x in args.workers.split(",") if x]

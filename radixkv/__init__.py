@@ -13,7 +13,7 @@ from radixkv.errors import (
     RadixKVError,
 )
 
-__version__ = "0.1.0"
+from radixkv.version import __version__
 
 
 _FRONTEND = ("function", "gen", "select", "system", "user", "assistant", "Runtime", "RuntimeEndpoint",

@@ -15,7 +15,7 @@ import time
 from dataclasses import MISSING, fields
 from typing import Any
 
-from radixkv import __version__
+from radixkv.version import __version__
 
 SAMPLING_FLAGS = {
     "max_new_tokens": (int, 128, "tokens to generate at most"),
@@ -96,8 +96,14 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s; "
                      "0.0.0.0 for every interface)")
     srv.add_argument("--port", type=int, default=30000, help="port to listen on (default: %(default)s)")
-    srv.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every "
-                     "endpoint but /health (default: no key)")
+    srv.add_argument("--api-key", action="append", default=None, metavar="KEY",
+                     help="require 'Authorization: Bearer KEY' on every endpoint but /health; repeat it for "
+                          "several clients, each its own principal (request ids a client chooses are its "
+                          "own: no other key can abort them or see them) (default: no key)")
+    srv.add_argument("--shutdown-timeout", type=float, default=30.0, metavar="SECONDS",
+                     help="on SIGTERM, stop taking requests and give those in flight this long to finish; "
+                          "then each left ends with an error (a stream with an error event and [DONE]) and "
+                          "the server exits. Ctrl-C ends them at once (default: %(default)s)")
     srv.add_argument("--served-model-name", default=None, help="the model's name in /v1/models and in "
                      "OpenAI requests (default: SmolLM2-135M-Instruct, or the model directory's name)")
     srv.add_argument("--max-body-bytes", type=int, default=None, help="largest request body accepted; "
@@ -303,8 +309,9 @@ def run_serve(args: argparse.Namespace) -> int:
         from radixkv.router.launch import serve_data_parallel
 
         return serve_data_parallel(args)
-    return serve(config, host=args.host, port=args.port, api_key=args.api_key,
-                 served_model_name=args.served_model_name, max_body_bytes=args.max_body_bytes)
+    return serve(config, host=args.host, port=args.port, api_keys=tuple(args.api_key or ()),
+                 served_model_name=args.served_model_name, max_body_bytes=args.max_body_bytes,
+                 shutdown_timeout=args.shutdown_timeout)
 
 
 def run_router(args: argparse.Namespace) -> int:

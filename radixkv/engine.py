@@ -135,7 +135,7 @@ class Engine:
                 piece = Collected()
                 piece.add(out)
                 yield {"text": delta, "output_ids": out.new_ids, "finished": out.finished,
-                       "meta_info": self._meta(out) | piece.logprob_meta(*astuple(req.logprob))}
+                       "meta_info": out.meta_info() | piece.logprob_meta(*astuple(req.logprob))}
         finally:
             self._withdraw([req], finished)
 
@@ -287,12 +287,12 @@ class Engine:
 
     @staticmethod
     def _raise_if_error(out: ReqOutput, rids: list[str], single: bool) -> None:
-        if out.error is None:
-            return
-        where = "" if single else f"request [{rids.index(out.rid)}]: "
-        if out.error_code == 400:
-            raise InvalidRequestError(where + out.error)
-        raise EngineError(where + out.error)
+        try:
+            out.raise_if_error()
+        except RadixKVError as e:
+            if single:
+                raise
+            raise type(e)(f"request [{rids.index(out.rid)}]: {e}") from None
 
     # -- helpers ---------------------------------------------------------------------------------
     def _make_requests(self, prompt, sampling_params, input_ids, namespace,
@@ -347,13 +347,8 @@ class Engine:
             reqs.append(req)
         return reqs, single
 
-    def _meta(self, out: ReqOutput) -> dict[str, Any]:
-        return {"id": out.rid, "prompt_tokens": out.prompt_tokens, "cached_tokens": out.cached_tokens,
-                "completion_tokens": out.completion_tokens, "finish_reason": out.finish_reason,
-                "ttft": out.ttft, "e2e_latency": out.latency}
-
     def _result(self, req: Req, collected: Collected, out: ReqOutput) -> dict[str, Any]:
         ids = collected.ids
         text = self.tokenizer.decode(ids, req.params.skip_special_tokens) if self.tokenizer else ""
         return {"text": trim_stop_string(text, out.finish_reason), "output_ids": ids,
-                "meta_info": self._meta(out) | collected.logprob_meta(*astuple(req.logprob))}
+                "meta_info": out.meta_info() | collected.logprob_meta(*astuple(req.logprob))}

@@ -6,6 +6,8 @@ before any state is changed, so a caught error never leaves the pool or the tree
 
 from __future__ import annotations
 
+import enum
+
 
 class RadixKVError(Exception):
     """Base class of every error radixkv raises on purpose."""
@@ -66,6 +68,39 @@ class UnknownVariableError(FrontendError, KeyError):
 
 class BackendUnreachable(FrontendError):
     """The runtime a program talks to cannot be reached (no server at the URL, or it died)."""
+
+
+class ServiceUnavailable(EngineError):
+    """The runtime cannot serve now (a process died, or it is shutting down): try again later or
+    elsewhere (HTTP 503)."""
+
+
+class ErrorKind(enum.StrEnum):
+    """Why a request ended without a result, as the core reports it. Each front maps a kind to
+    its own terms: the Engine raises the error class below, the server answers an HTTP status
+    (`radixkv.server.http_common.STATUS_OF`)."""
+
+    INVALID_REQUEST = "invalid_request"  # the request is bad: fix it (InvalidRequestError)
+    INTERNAL = "internal"  # the runtime failed on it (EngineError)
+    UNAVAILABLE = "unavailable"  # the runtime cannot serve now (ServiceUnavailable)
+
+
+_ERROR_OF_KIND = {ErrorKind.INVALID_REQUEST: InvalidRequestError, ErrorKind.INTERNAL: EngineError,
+                  ErrorKind.UNAVAILABLE: ServiceUnavailable}
+
+
+def error_of_kind(kind: str, message: str) -> RadixKVError:
+    """The typed error for a request that ended with `kind` (an `ErrorKind` value)."""
+    return _ERROR_OF_KIND.get(ErrorKind(kind), EngineError)(message)
+
+
+def kind_of_error(e: BaseException) -> ErrorKind:
+    """The `ErrorKind` a raised error reports to a request's caller."""
+    if isinstance(e, ServiceUnavailable):
+        return ErrorKind.UNAVAILABLE
+    if isinstance(e, InvalidRequestError):
+        return ErrorKind.INVALID_REQUEST
+    return ErrorKind.INTERNAL
 
 
 class TensorParallelError(EngineError):

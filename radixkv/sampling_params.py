@@ -10,6 +10,7 @@ from radixkv.errors import InvalidRequestError
 MAX_NEW_TOKENS_LIMIT = 1 << 20
 GREEDY_TEMPERATURE = 1e-5
 MAX_TOP_LOGPROBS = 20
+SEED_MIN, SEED_MAX = -(1 << 63), (1 << 64) - 1  # what a torch generator takes
 
 
 @dataclass(frozen=True)
@@ -22,8 +23,9 @@ class SamplingParams:
     divides positive logits of prompt and generated tokens, multiplies negative ones).
 
     At most one of `regex`, `json_schema` (a dict or JSON text) and `ebnf` constrains the output
-    to a grammar (see `radixkv.constrained`); its syntax is checked here. `jump_forward` appends
-    the text a grammar forces in one extend instead of decoding it token by token.
+    to a grammar (see `radixkv.grammar_spec` and `radixkv.constrained`); `from_dict` (a user's
+    request) also checks its syntax. `jump_forward` appends the text a grammar forces in one
+    extend instead of decoding it token by token.
     """
 
     max_new_tokens: int = 128
@@ -57,6 +59,8 @@ class SamplingParams:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int):
                 raise bad(name, "must be an integer")
+        if self.top_k < -1:
+            raise bad("top_k", "must be -1 or 0 (off) or a positive number of tokens")
         if not 0 <= self.max_new_tokens <= MAX_NEW_TOKENS_LIMIT:
             raise bad("max_new_tokens", f"must be in [0, {MAX_NEW_TOKENS_LIMIT}]")
         if not 0 <= self.min_new_tokens <= self.max_new_tokens:
@@ -75,6 +79,8 @@ class SamplingParams:
             raise bad("repetition_penalty", "must be > 0")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
             raise bad("seed", "must be an integer or None")
+        if self.seed is not None and not SEED_MIN <= self.seed <= SEED_MAX:
+            raise bad("seed", f"must fit in 64 bits: [{SEED_MIN}, {SEED_MAX}]")
         if not all(isinstance(s, str) and s for s in self.stop):
             raise bad("stop", "must be non-empty strings")
         if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in self.stop_token_ids):
@@ -82,7 +88,7 @@ class SamplingParams:
         self._check_grammar(bad)
 
     def _check_grammar(self, bad) -> None:
-        from radixkv.constrained import GRAMMAR_FIELDS, GrammarSpec, normalise_json_schema
+        from radixkv.grammar_spec import GRAMMAR_FIELDS, MAX_GRAMMAR_CHARS, GrammarSpec, normalise_json_schema
 
         given = [name for name in GRAMMAR_FIELDS if getattr(self, name) is not None]
         if len(given) > 1:
@@ -98,12 +104,14 @@ class SamplingParams:
                 raise bad(name, "must be a non-empty string")
         if self.ignore_eos:
             raise bad("ignore_eos", f"cannot be combined with {given[0]}: a finished grammar ends on EOS")
-        GrammarSpec.of(self).check()
+        spec = GrammarSpec.of(self)
+        if len(spec.source) > MAX_GRAMMAR_CHARS:
+            raise bad(spec.kind, f"{len(spec.source)} characters, more than the {MAX_GRAMMAR_CHARS} accepted")
 
     @property
     def grammar(self):
         """The `GrammarSpec` this request is constrained by, or None."""
-        from radixkv.constrained import GrammarSpec
+        from radixkv.grammar_spec import GrammarSpec
 
         return GrammarSpec.of(self)
 
@@ -140,14 +148,29 @@ class SamplingParams:
             elif isinstance(params[name], list):
                 params[name] = tuple(params[name])
         try:
-            return cls(**params)
+            made = cls(**params)
         except TypeError as e:
             raise InvalidRequestError(f"sampling_params: {e}") from None
+        spec = made.grammar
+        if spec is not None:  # its syntax: a bad pattern fails where the request is made
+            spec.check()
+        return made
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d.pop("extra")
         return d
+
+    def to_row(self) -> list:
+        """The fields in order (what a message carries; `from_row` rebuilds it)."""
+        return [getattr(self, f.name) for f in fields(self)]
+
+    @classmethod
+    def from_row(cls, row: list) -> SamplingParams:
+        values = dict(zip((f.name for f in fields(cls)), row, strict=True))
+        for name in ("stop", "stop_token_ids"):  # lists on the wire
+            values[name] = tuple(values[name])
+        return cls(**values)
 
 
 @dataclass(frozen=True, slots=True)

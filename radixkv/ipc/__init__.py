@@ -4,6 +4,7 @@ from radixkv.ipc.messages import (
     AbortMsg,
     ControlReply,
     ControlRequest,
+    DetokenizeParams,
     GenerateRequest,
     ProtocolError,
     SchedulerFailed,
@@ -14,5 +15,5 @@ from radixkv.ipc.messages import (
     encode,
 )
 
-__all__ = ["AbortMsg", "ControlReply", "ControlRequest", "GenerateRequest", "ProtocolError",
+__all__ = ["AbortMsg", "ControlReply", "ControlRequest", "DetokenizeParams", "GenerateRequest", "ProtocolError",
            "SchedulerFailed", "SchedulerReady", "TextBatch", "TokenBatch", "decode", "encode"]

@@ -3,21 +3,23 @@
 Channels (ZMQ PUSH -> PULL, the receiver binds an `ipc://` path in a private directory):
 
     tokenizer manager --GenerateRequest, AbortMsg, ControlRequest--> scheduler
-    scheduler         --TokenBatch-------------------------------->  detokenizer
+    scheduler         --DetokenizeParams, TokenBatch-------------->  detokenizer
     detokenizer       --TextBatch--------------------------------->  tokenizer manager
     scheduler         --SchedulerReady, SchedulerFailed, ControlReply--> tokenizer manager
 
-Batches are column-oriented (one list per field, one entry per request), which is what a
-step produces and what msgpack packs compactly. On the wire a message is the msgpack array
+Requests and outputs travel as their own records (`SamplingParams`, `ReqOutput`, `TextOutput`),
+field by field in the order they define; on the wire a message is the msgpack array
 `[kind, field_1, field_2, ...]`: plain values only, never pickle.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from radixkv.ipc.codec import MessageCodec, ProtocolError
+from radixkv.ipc.codec import MessageCodec, ProtocolError, record, records
+from radixkv.outputs import ReqOutput, TextOutput
+from radixkv.sampling_params import LogprobParams, SamplingParams
 
 __all__ = ["ProtocolError", "decode", "encode"]
 
@@ -28,9 +30,9 @@ class GenerateRequest:
 
     rid: str
     input_ids: list[int]
-    sampling_params: dict[str, Any]  # SamplingParams.to_dict()
+    params: SamplingParams = record(SamplingParams)
     namespace: str | None = None
-    logprob: list = field(default_factory=lambda: [False, -1, 0])  # return_logprob, start, top_n
+    logprob: LogprobParams = record(LogprobParams, default=LogprobParams())
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,54 +74,33 @@ class SchedulerFailed:
 
 
 @dataclass(frozen=True, slots=True)
-class TokenBatch:
-    """Scheduler -> detokenizer: what one step produced, per request."""
+class DetokenizeParams:
+    """Scheduler -> detokenizer, once per request, before its first output: how to turn its
+    tokens into text (stop strings are held back and trimmed; special tokens kept or skipped)."""
 
-    rids: list[str]
-    new_ids: list[list[int]]  # tokens since the request's previous output
-    finished: list[bool]
-    finish_reasons: list[dict[str, Any] | None]
-    prompt_tokens: list[int]
-    cached_tokens: list[int]
-    completion_tokens: list[int]
-    ttft: list[float | None]
-    latency: list[float | None]
-    errors: list[str | None]
-    error_codes: list[int]
-    stops: list[list[str]]  # stop strings, for the detokenizer's hold-back
-    skip_special_tokens: list[bool]
-    output_logprobs: list[list[float] | None]  # per request, as in ReqOutput
-    output_top_logprobs: list[list | None]
-    input_logprobs: list[list | None]
-    input_top_logprobs: list[list | None]
+    rid: str
+    stops: list[str]
+    skip_special_tokens: bool
+
+
+@dataclass(frozen=True, slots=True)
+class TokenBatch:
+    """Scheduler -> detokenizer: what one step produced, one output per request."""
+
+    outputs: list[ReqOutput] = records(ReqOutput)
 
 
 @dataclass(frozen=True, slots=True)
 class TextBatch:
-    """Detokenizer -> tokenizer manager: a TokenBatch with each request's new text."""
+    """Detokenizer -> tokenizer manager: the step's outputs with their new text."""
 
-    rids: list[str]
-    texts: list[str]  # text since the previous output (stop strings held back and trimmed)
-    new_ids: list[list[int]]
-    finished: list[bool]
-    finish_reasons: list[dict[str, Any] | None]
-    prompt_tokens: list[int]
-    cached_tokens: list[int]
-    completion_tokens: list[int]
-    ttft: list[float | None]
-    latency: list[float | None]
-    errors: list[str | None]
-    error_codes: list[int]
-    output_logprobs: list[list[float] | None]
-    output_top_logprobs: list[list | None]
-    input_logprobs: list[list | None]
-    input_top_logprobs: list[list | None]
+    outputs: list[TextOutput] = records(TextOutput)
 
 
 Message = (GenerateRequest | AbortMsg | ControlRequest | ControlReply | SchedulerReady | SchedulerFailed
-           | TokenBatch | TextBatch)
+           | DetokenizeParams | TokenBatch | TextBatch)
 _KINDS: tuple[type, ...] = (GenerateRequest, AbortMsg, ControlRequest, ControlReply, SchedulerReady,
-                            SchedulerFailed, TokenBatch, TextBatch)
+                            SchedulerFailed, DetokenizeParams, TokenBatch, TextBatch)
 _CODEC = MessageCodec(_KINDS, "radixkv")
 
 

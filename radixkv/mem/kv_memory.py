@@ -47,7 +47,7 @@ class KVMemory:
 
     def attach_journal(self, journal) -> None:
         """Record every change made to this memory outside a forward (request-table writes, page
-        copies, host-tier copies) in `journal`, a `radixkv.parallel.journal.KVJournal`: the
+        copies, host-tier copies) in `journal`, a `radixkv.tp.journal.KVJournal`: the
         other tensor-parallel ranks replay them on their own memory."""
         self.journal = journal
         self.req_table.journal = journal

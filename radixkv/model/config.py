@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from radixkv.errors import ModelLoadError
+from radixkv.errors import ConfigError, ModelLoadError
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
 _MODEL_TYPES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM"}
@@ -174,3 +174,17 @@ def _parse_windows(cfg: dict[str, Any], arch: str, num_layers: int) -> tuple[int
         first = int(cfg.get("max_window_layers", num_layers))
         return tuple(window if i >= first else None for i in range(num_layers))
     return (int(window),) * num_layers
+
+
+def check_tp_size(config: ModelConfig, tp_size: int, source: str = "the model") -> None:
+    """Raise `ConfigError` unless `tp_size` splits the heads, KV heads and MLP of `config`."""
+    if tp_size == 1:
+        return
+    problems = [f"{name}={value}" for name, value in (
+        ("num_attention_heads", config.num_heads), ("num_key_value_heads", config.num_kv_heads),
+        ("intermediate_size", config.intermediate_size)) if value % tp_size]
+    if problems:
+        raise ConfigError(
+            f"tp_size={tp_size} does not divide {', '.join(problems)} of {source}: every rank must hold "
+            f"as many attention heads, KV heads and MLP columns as the others; choose a tp_size that "
+            f"divides num_key_value_heads={config.num_kv_heads} and num_attention_heads={config.num_heads}")

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, Protocol
 
 import torch
 
@@ -24,26 +26,12 @@ from radixkv.model.config import ModelConfig
 from radixkv.model.cpu_runtime import choose_num_threads, packing_supported, tune_malloc, usable_cores
 from radixkv.model.llama import LlamaForCausalLM
 from radixkv.model.loader import load_model, resolve_model_dir
+from radixkv.model.config import check_tp_size
+from radixkv.parallel.devices import rank_device, use_rank_device
 from radixkv.parallel.group import SingleRank
-from radixkv.parallel.ranks import TPWorkers
-from radixkv.parallel.shard import TPShard, check_tp_size
+from radixkv.parallel.shard import TPShard
 
 logger = logging.getLogger(__name__)
-
-
-def rank_device(config: EngineConfig, rank: int) -> torch.device:
-    """The device of tensor-parallel rank `rank`: the config's, or `cuda:rank` with several GPUs."""
-    device = config.torch_device
-    if device.type == "cuda" and config.tp_size > 1:
-        return torch.device("cuda", rank)
-    return device
-
-
-def use_rank_device(device: torch.device) -> None:
-    """Make `device` this process's current CUDA device: Triton kernels and NCCL launch on the
-    current device, whatever device their tensors are on."""
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
 
 
 def rank_threads(config: EngineConfig) -> int:
@@ -70,11 +58,32 @@ def load_rank_model(config: EngineConfig, model_dir: Path, shard: TPShard, comm,
     return model, packed
 
 
+class PeerRanks(Protocol):
+    """The other tensor-parallel ranks, as rank 0's runner drives them (implemented above the
+    runner, by `radixkv.tp.ranks.TPWorkers`: the runner only calls through this interface)."""
+
+    size: int
+    group: Any  # rank 0's collectives (`radixkv.parallel.group.TPGroup`)
+    failed: str | None
+
+    @property
+    def healthy(self) -> bool: ...
+    def wait_loaded(self) -> None: ...
+    def start(self, memory: KVMemory) -> None: ...
+    def send_forward(self, fb: ForwardBatch) -> None: ...
+    def lost(self, cause: BaseException) -> Exception: ...
+    def close(self) -> None: ...
+
+
+LaunchPeers = Callable[[Path], PeerRanks]
+"""launch_peers(model_dir): start ranks 1..N-1 for the model in `model_dir`."""
+
+
 class ModelRunner:
     """Runs forwards of the model over its KV memory (one rank, or rank 0 of a TP group)."""
 
     def __init__(self, config: EngineConfig, model: LlamaForCausalLM, memory: KVMemory, model_dir: Path,
-                 context_length: int, workers: TPWorkers | None = None):
+                 context_length: int, workers: PeerRanks | None = None):
         self.config = config
         self.model = model
         self.model_config = model.config
@@ -85,14 +94,17 @@ class ModelRunner:
         self.dtype = config.torch_dtype
         self.num_threads = None  # torch compute threads, when `load` chose them
         self.backend = make_backend(config.attention_backend_name, memory.pool, memory.req_table.table)
+        self.backend_fallback: str | None = None  # why the configured backend was replaced, if it was
         self.workers = workers  # tensor-parallel ranks 1..N-1, when tp_size > 1
 
     @classmethod
-    def load(cls, config: EngineConfig, progress: bool = True) -> ModelRunner:
+    def load(cls, config: EngineConfig, progress: bool = True, launch_peers: LaunchPeers | None = None
+             ) -> ModelRunner:
         """Load the model named by `config` and give it a KV memory sized by `config`.
 
-        With `tp_size` N > 1 this process becomes rank 0 and starts ranks 1..N-1 (see
-        `radixkv.parallel`); each loads its shard, and the runner's forwards run on all of them.
+        With `tp_size` N > 1 this process becomes rank 0 and `launch_peers` starts ranks 1..N-1
+        (`radixkv.tp.load_runner` passes it); each loads its shard, and the runner's forwards run
+        on all of them.
         """
         num_threads = choose_num_threads(rank_threads(config))
         device, tp = rank_device(config, 0), config.tp_size
@@ -105,7 +117,9 @@ class ModelRunner:
         if context_length > mc.max_position_embeddings:
             raise ConfigError(f"context_length={context_length} exceeds the model's "
                               f"max_position_embeddings={mc.max_position_embeddings}")
-        workers = TPWorkers.launch(config, model_dir) if tp > 1 else None
+        if tp > 1 and launch_peers is None:
+            raise ConfigError(f"tp_size={tp}: load the runner with radixkv.tp.load_runner, which starts the ranks")
+        workers = launch_peers(model_dir) if tp > 1 else None
         try:
             shard = TPShard(0, tp)
             model, packed = load_rank_model(config, model_dir, shard, workers.group if workers else SingleRank(),

@@ -5,7 +5,7 @@ Two process groups span the ranks, both made from one `TCPStore` that rank 0 hos
   with a timeout so a rank that hangs mid-forward surfaces as an error;
 - `control`: gloo, carrying rank 0's messages to the others (`broadcast_bytes`). Its set-up and
   rank 0's sends are bounded; only a waiting rank's receive is not (it waits while the server
-  is idle). A rank 0 that dies takes its ranks with it (see `radixkv.parallel.worker`).
+  is idle). A rank 0 that dies takes its ranks with it (see `radixkv.tp.worker`).
 
 gloo binds to 127.0.0.1: the ranks are processes of one machine.
 

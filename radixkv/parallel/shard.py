@@ -18,8 +18,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from radixkv.errors import ConfigError
-from radixkv.model.config import ModelConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,17 +47,3 @@ class TPShard:
         padded = -(-vocab_size // self.size)
         first = min(self.rank * padded, vocab_size)
         return first, min(first + padded, vocab_size), padded
-
-
-def check_tp_size(config: ModelConfig, tp_size: int, source: str = "the model") -> None:
-    """Raise `ConfigError` unless `tp_size` splits the heads, KV heads and MLP of `config`."""
-    if tp_size == 1:
-        return
-    problems = [f"{name}={value}" for name, value in (
-        ("num_attention_heads", config.num_heads), ("num_key_value_heads", config.num_kv_heads),
-        ("intermediate_size", config.intermediate_size)) if value % tp_size]
-    if problems:
-        raise ConfigError(
-            f"tp_size={tp_size} does not divide {', '.join(problems)} of {source}: every rank must hold "
-            f"as many attention heads, KV heads and MLP columns as the others; choose a tp_size that "
-            f"divides num_key_value_heads={config.num_kv_heads} and num_attention_heads={config.num_heads}")

@@ -1,5 +1,3 @@
-"""Routing requests over replicas: where a prompt's prefix is already cached."""
-
-from radixkv.router.policy import POLICIES, ApproxTree, CacheAware, LeastLoad, RoundRobin, RoutingPolicy, make_policy
-
-__all__ = ["POLICIES", "ApproxTree", "CacheAware", "LeastLoad", "RoundRobin", "RoutingPolicy", "make_policy"]
+"""The router: one HTTP front over N `radixkv serve` workers (`app.py`), and `radixkv router` /
+`radixkv serve --dp N` (`launch.py`). Its routing policies are `radixkv.routing`, which the trace
+simulator (`radixkv.workloads.routing`) shares."""

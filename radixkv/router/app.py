@@ -30,7 +30,7 @@ import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from radixkv.router.policy import make_policy
+from radixkv.routing import make_policy
 
 logger = logging.getLogger(__name__)
 ROUTED = ("/generate", "/v1/chat/completions", "/v1/completions")

@@ -88,6 +88,10 @@ def serve_data_parallel(args: argparse.Namespace) -> int:
     if not 1 < args.dp <= MAX_DP:
         print(f"radixkv: error: --dp {args.dp}: must be in 1..{MAX_DP}", file=sys.stderr)
         return 2
+    keys = args.api_key or []
+    if len(keys) > 1:
+        print("radixkv: error: --dp takes one --api-key (the router's clients share it)", file=sys.stderr)
+        return 2
     if not (0 < args.port and args.port + args.dp < 65536):
         print(f"radixkv: error: --port {args.port}: PORT..PORT+{args.dp} must be valid ports", file=sys.stderr)
         return 2
@@ -133,7 +137,8 @@ def serve_data_parallel(args: argparse.Namespace) -> int:
                     return 1
         router_args = argparse.Namespace(
             worker=[f"http://127.0.0.1:{args.port + 1 + i}" for i in range(args.dp)], policy="cache_aware",
-            host=args.host, port=args.port, api_key=args.api_key, health_interval=2.0, log_level=args.log_level)
+            host=args.host, port=args.port, api_key=keys[0] if keys else None, health_interval=2.0,
+            log_level=args.log_level)
         return serve_router(router_args)
     except KeyboardInterrupt:
         return 0

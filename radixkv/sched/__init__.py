@@ -1,6 +1,7 @@
 """Scheduling: requests, batches, policies and the continuous-batching loop."""
 
-from radixkv.sched.output import ReqOutput, SchedulerStats
+from radixkv.outputs import ReqOutput
+from radixkv.sched.stats import SchedulerStats
 from radixkv.sched.request import Req, ReqStatus
 from radixkv.sched.scheduler import Scheduler
 

@@ -24,8 +24,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from radixkv.errors import RadixKVError
-from radixkv.sched.output import ReqOutput
+from radixkv.errors import ErrorKind, RadixKVError, kind_of_error
+from radixkv.outputs import ReqOutput
 from radixkv.sched.request import Req
 from radixkv.sched.scheduler import Scheduler
 
@@ -84,14 +84,6 @@ class QueueInbox:
         return commands
 
 
-def error_output(rid: str, message: str, code: int) -> ReqOutput:
-    """The output of a request that ends before it ran."""
-    return ReqOutput(rid=rid, new_ids=[], finished=True,
-                     finish_reason={"type": "abort", "message": message},
-                     prompt_tokens=0, cached_tokens=0, completion_tokens=0,
-                     error=message, error_code=code)
-
-
 class SchedulerLoop:
     """Applies commands to `scheduler`, steps it while it has work, delivers every output."""
 
@@ -131,7 +123,7 @@ class SchedulerLoop:
             try:
                 s.add_request(command.req)
             except RadixKVError as e:
-                self.deliver([error_output(command.req.rid, str(e), 400)])
+                self.deliver([ReqOutput.failed(command.req.rid, str(e), kind_of_error(e))])
         elif isinstance(command, AbortRequest):
             out = s.abort(command.rid)
             if out is not None:
@@ -146,7 +138,7 @@ class SchedulerLoop:
             raise TypeError(f"unknown scheduler command {command!r}")
 
     def abort_all(self, message: str) -> None:
-        """End every request in flight with an error output (code 503: try again elsewhere)."""
-        outputs = [self.scheduler.abort(rid, message, error_code=503) for rid in list(self.scheduler.reqs)]
+        """End every request in flight with an error output (unavailable: try again elsewhere)."""
+        outputs = [self.scheduler.abort(rid, message, ErrorKind.UNAVAILABLE) for rid in list(self.scheduler.reqs)]
         if outputs:
             self.deliver([o for o in outputs if o is not None])

@@ -25,13 +25,15 @@ import torch
 
 from radixkv.attention import ForwardMode
 from radixkv.config import EngineConfig
-from radixkv.errors import CacheInvariantError, InvalidRequestError
+from radixkv.errors import CacheInvariantError, ErrorKind, InvalidRequestError
 from radixkv.mem import KVMemory, PrefixCache, make_prefix_cache, pages_for_tokens
 from radixkv.model.runner import ModelRunner
+from radixkv.tp.launch import load_runner
 from radixkv.model.sampler import Sampler, SamplingRow
 from radixkv.sched.batch import ScheduledBatch
 from radixkv.sched.logprobs import prompt_rows, token_logprobs
-from radixkv.sched.output import ReqOutput, SchedulerStats
+from radixkv.outputs import ReqOutput
+from radixkv.sched.stats import SchedulerStats
 from radixkv.sched.policy import InBatchPrefixes, SchedulePolicy, match_key
 from radixkv.sched.request import Req, ReqStatus
 from radixkv.sched.stop import Decoder, finish_reason, suppressed_ids
@@ -75,7 +77,7 @@ class Scheduler:
         them, all from one `EngineConfig`; `scheduler.tokenizer` is None for a bare checkpoint."""
         from radixkv.tokenizer import Tokenizer
 
-        runner = ModelRunner.load(config, progress=progress)
+        runner = load_runner(config, progress=progress)
         try:
             tokenizer = Tokenizer.from_model_dir(runner.model_dir)
             eos = tokenizer.eos_token_ids if tokenizer else frozenset()
@@ -124,10 +126,11 @@ class Scheduler:
         check_request(req.prompt_ids, req.params, self.limits)
         req.logprob.check_prompt(len(req.prompt_ids))
 
-    def abort(self, rid: str, message: str = "aborted by request", error_code: int = 0) -> ReqOutput | None:
+    def abort(self, rid: str, message: str = "aborted by request", error_kind: ErrorKind | None = None
+              ) -> ReqOutput | None:
         """Stop `rid` wherever it is; everything it held is returned. None if unknown/finished.
 
-        A plain abort ends the request normally (finish_reason "abort"); with an `error_code`
+        A plain abort ends the request normally (finish_reason "abort"); with an `error_kind`
         its output carries `message` as an error."""
         req = self.reqs.get(rid)
         if req is None or req.status is ReqStatus.FINISHED:
@@ -135,7 +138,7 @@ class Scheduler:
         if req.status is ReqStatus.WAITING:
             self.waiting.remove(req)
         self._finish(req, {"type": "abort", "message": message})
-        return self._output(req, error=message if error_code else None, error_code=error_code)
+        return self._output(req, error=message if error_kind else None, error_kind=error_kind)
 
     @property
     def has_work(self) -> bool:
@@ -200,7 +203,7 @@ class Scheduler:
         for req in reqs:
             if req.status is not ReqStatus.FINISHED:
                 self._finish(req, {"type": "abort", "message": message})
-                outputs.append(self._output(req, error=message, error_code=500))
+                outputs.append(self._output(req, error=message, error_kind=ErrorKind.INTERNAL))
         return outputs
 
     def _rollback(self, batch: ScheduledBatch) -> None:
@@ -454,7 +457,7 @@ class Scheduler:
         self.stats.finished_requests += 1
         del self.reqs[req.rid]
 
-    def _output(self, req: Req, error: str | None = None, error_code: int = 0) -> ReqOutput:
+    def _output(self, req: Req, error: str | None = None, error_kind: ErrorKind | None = None) -> ReqOutput:
         """What `req` produced since its last output (new tokens only) and where it stands."""
         first = req.sent_tokens
         new_ids = req.output_ids[first:]
@@ -479,7 +482,7 @@ class Scheduler:
             cached_tokens=req.cached_tokens, completion_tokens=len(req.output_ids),
             ttft=None if req.first_token_time is None else req.first_token_time - req.arrival_time,
             latency=None if req.finish_time is None else req.finish_time - req.arrival_time,
-            error=error, error_code=error_code,
+            error=error, error_kind=error_kind,
         )
 
     # -- cache control and checks ----------------------------------------------------------------

@@ -1,6 +1,6 @@
 """The detokenizer process: token ids -> text, incrementally, for every request in flight.
 
-    PULL <- scheduler:         TokenBatch
+    PULL <- scheduler:         DetokenizeParams (once per request), TokenBatch
     PUSH -> tokenizer manager: TextBatch
 
 One `TextStream` per request (the same class the Engine's streams use): text is released only
@@ -10,8 +10,11 @@ final piece is cut before the stop string that ended generation.
 
 from __future__ import annotations
 
+from radixkv.ipc import DetokenizeParams, TextBatch, TokenBatch
+from radixkv.outputs import TextOutput
 from radixkv.procs import PARENT_POLL_MS, become_child, parent_alive, quiet_compute_threads
 from radixkv.server.sockets import Endpoints
+from radixkv.tokenizer import TextStream
 
 
 class Detokenizer:
@@ -19,28 +22,28 @@ class Detokenizer:
 
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
-        self.streams: dict = {}
+        self.streams: dict[str, TextStream] = {}
+        self.params: dict[str, DetokenizeParams] = {}  # of requests whose first output is still to come
 
-    def convert(self, batch):
-        from radixkv.ipc import TextBatch
-        from radixkv.tokenizer import TextStream
+    def expect(self, params: DetokenizeParams) -> None:
+        """How request `params.rid` detokenizes (sent before its first output)."""
+        self.params[params.rid] = params
 
+    def convert(self, batch: TokenBatch) -> TextBatch:
         texts = []
-        for i, rid in enumerate(batch.rids):
-            stream = self.streams.get(rid)
+        for out in batch.outputs:
+            stream = self.streams.get(out.rid)
             if stream is None:
-                stream = self.streams[rid] = TextStream(self.tokenizer, batch.skip_special_tokens[i],
-                                                        tuple(batch.stops[i]))
-            if batch.finished[i]:
-                text = stream.finish(batch.new_ids[i], batch.finish_reasons[i])
-                del self.streams[rid]
+                p = self.params.pop(out.rid, None)  # None: a request refused before it ran
+                stream = self.streams[out.rid] = TextStream(self.tokenizer, p.skip_special_tokens if p else True,
+                                                            tuple(p.stops) if p else ())
+            if out.finished:
+                texts.append(stream.finish(out.new_ids, out.finish_reason))
+                del self.streams[out.rid]
+                self.params.pop(out.rid, None)
             else:
-                text = stream.push(batch.new_ids[i])
-            texts.append(text)
-        return TextBatch(batch.rids, texts, batch.new_ids, batch.finished, batch.finish_reasons,
-                         batch.prompt_tokens, batch.cached_tokens, batch.completion_tokens, batch.ttft,
-                         batch.latency, batch.errors, batch.error_codes, batch.output_logprobs,
-                         batch.output_top_logprobs, batch.input_logprobs, batch.input_top_logprobs)
+                texts.append(stream.push(out.new_ids))
+        return TextBatch([TextOutput(*out.to_row(), text=text) for out, text in zip(batch.outputs, texts)])
 
 
 def run_detokenizer_process(model_dir: str, endpoints: Endpoints, parent_pid: int, log_level: str) -> None:
@@ -49,7 +52,7 @@ def run_detokenizer_process(model_dir: str, endpoints: Endpoints, parent_pid: in
     logger = become_child(parent_pid, log_level, "detokenizer")
     import zmq
 
-    from radixkv.ipc import ProtocolError, TokenBatch, decode, encode
+    from radixkv.ipc import ProtocolError, decode, encode
     from radixkv.tokenizer import Tokenizer
 
     detokenizer = Detokenizer(Tokenizer(model_dir))
@@ -63,14 +66,16 @@ def run_detokenizer_process(model_dir: str, endpoints: Endpoints, parent_pid: in
             if not inbox.poll(PARENT_POLL_MS):
                 continue
             try:
-                batch = decode(inbox.recv())
+                msg = decode(inbox.recv())
             except ProtocolError as e:
                 logger.error("dropping a message: %s", e)
                 continue
-            if not isinstance(batch, TokenBatch):
-                logger.error("unexpected %s on the detokenizer's socket", type(batch).__name__)
-                continue
-            outbox.send(encode(detokenizer.convert(batch)))
+            if isinstance(msg, DetokenizeParams):
+                detokenizer.expect(msg)
+            elif isinstance(msg, TokenBatch):
+                outbox.send(encode(detokenizer.convert(msg)))
+            else:
+                logger.error("unexpected %s on the detokenizer's socket", type(msg).__name__)
     finally:
         inbox.close(linger=0)
         outbox.close(linger=500)

@@ -4,21 +4,29 @@
     scheduler process:       model runner + scheduler (the Engine's loop, fed by ZMQ)
     detokenizer process:     token ids -> text
 
-Children die with this process (a kernel signal on Linux, and they poll for it); SIGINT or
-SIGTERM stops the HTTP server, then the children, then removes the socket directory. A child
-that dies makes every request in flight and every new one answer 503, and the server exit
-non-zero.
+Children die with this process (a kernel signal on Linux, and they poll for it). Shutting down:
+
+- SIGTERM drains: new requests get 503 (and /health, so a router takes the server out), those
+  in flight get `--shutdown-timeout` seconds to finish; any left then end with an error (a
+  stream with an error event and `[DONE]`), then the children stop, the socket directory goes,
+  and the process exits 0.
+- Ctrl-C (SIGINT) does the same without waiting, and exits 130; a second one stops at once.
+- A child that dies makes every request in flight and every new one answer 503, and the server
+  exit 1.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import ipaddress
 import logging
 import multiprocessing
 import os
 import signal
 import socket
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -30,6 +38,7 @@ logger = logging.getLogger(__name__)
 WATCH_SECONDS = 0.5
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 CHILD_EXIT_SECONDS = 5.0
+EXIT_CODES = {signal.SIGTERM: 0, signal.SIGINT: 130}
 
 
 def check_port_free(host: str, port: int) -> None:
@@ -42,20 +51,42 @@ def check_port_free(host: str, port: int) -> None:
             raise ConfigError(f"--host {host} --port {port}: cannot listen there ({e.strerror})") from None
 
 
+def exposure_warning(host: str, api_keys: tuple[str, ...] | str | None) -> str | None:
+    """What to warn about when `host` lets other machines in and nothing asks for a key."""
+    if api_keys:
+        return None
+    try:
+        loopback = ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        loopback = host == "localhost"
+    if loopback:
+        return None
+    return (f"--host {host} without --api-key: anyone who can reach this machine's port can use the model "
+            f"and read /server_info; pass --api-key KEY (clients send 'Authorization: Bearer KEY')")
+
+
+def _scheduler_main(config: EngineConfig, endpoints: Endpoints, parent_pid: int) -> None:
+    from radixkv.server.scheduler_process import run_scheduler_process  # the model code, in that process only
+
+    run_scheduler_process(config, endpoints, parent_pid)
+
+
+def _detokenizer_main(model_dir: str, endpoints: Endpoints, parent_pid: int, log_level: str) -> None:
+    from radixkv.server.detokenizer import run_detokenizer_process
+
+    run_detokenizer_process(model_dir, endpoints, parent_pid, log_level)
+
+
 class Children:
     """The scheduler and detokenizer processes."""
 
     def __init__(self, config: EngineConfig, endpoints: Endpoints):
-        from radixkv.server.detokenizer import run_detokenizer_process
-        from radixkv.server.scheduler_process import run_scheduler_process
-
         ctx = multiprocessing.get_context("spawn")  # no inherited threads or torch state
         me = os.getpid()
         self.procs = {
-            "scheduler": ctx.Process(target=run_scheduler_process, args=(config, endpoints, me),
+            "scheduler": ctx.Process(target=_scheduler_main, args=(config, endpoints, me),
                                      name="radixkv-scheduler", daemon=True),
-            "detokenizer": ctx.Process(target=run_detokenizer_process,
-                                       args=(config.model, endpoints, me, config.log_level),
+            "detokenizer": ctx.Process(target=_detokenizer_main, args=(config.model, endpoints, me, config.log_level),
                                        name="radixkv-detokenizer", daemon=True),
         }
 
@@ -85,6 +116,54 @@ class Children:
                 proc.join()
 
 
+class Shutdown:
+    """What stops the server: a signal (SIGTERM drains, SIGINT does not wait) or a dead child."""
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+        self.requested = asyncio.Event()
+        self.forced = False
+
+    def on_signal(self, sig: int) -> None:
+        if self.signal is not None:  # a second signal: stop now
+            self.forced = True
+        self.signal = self.signal or sig
+        self.requested.set()
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_CODES.get(self.signal, 0)
+
+
+class QuietServer:
+    """uvicorn's server without its own signal handling: `_serve` installs the handlers that
+    drain, and decides when uvicorn stops (`should_exit`)."""
+
+    def __new__(cls, config):
+        import uvicorn
+
+        class _Server(uvicorn.Server):
+            def capture_signals(self):
+                return contextlib.nullcontext()
+
+        return _Server(config)
+
+
+async def drain(manager, shutdown: Shutdown, timeout: float) -> None:
+    """Refuse new requests, give those in flight `timeout` seconds (none after Ctrl-C), then end
+    what is left with an error."""
+    manager.start_draining("the server is shutting down")
+    wait = timeout if shutdown.signal == signal.SIGTERM else 0.0
+    deadline = time.monotonic() + wait
+    if manager.in_flight:
+        logger.info("shutting down: %d request(s) in flight, waiting up to %.0f s", manager.in_flight, wait)
+    while manager.in_flight and time.monotonic() < deadline and not shutdown.forced:
+        await asyncio.sleep(0.05)
+    if manager.in_flight:
+        logger.warning("shutting down: ending %d request(s) that did not finish", manager.in_flight)
+    manager.fail_all("the server is shutting down" + (" (--shutdown-timeout passed)" if wait else ""))
+
+
 async def _serve(config: EngineConfig, host: str, port: int, settings) -> int:
     import uvicorn
 
@@ -93,6 +172,10 @@ async def _serve(config: EngineConfig, host: str, port: int, settings) -> int:
     from radixkv.server.tokenizer_manager import ServiceUnavailable, TokenizerManager
     from radixkv.tokenizer import Tokenizer
 
+    shutdown = Shutdown()
+    loop = asyncio.get_running_loop()
+    for sig in EXIT_CODES:
+        loop.add_signal_handler(sig, shutdown.on_signal, sig)
     endpoints = Endpoints.create()
     children = Children(config, endpoints)
     manager = None
@@ -104,6 +187,9 @@ async def _serve(config: EngineConfig, host: str, port: int, settings) -> int:
         ready = asyncio.ensure_future(manager.wait_ready())
         while not ready.done():  # a child that dies while loading must not leave us waiting
             await asyncio.wait([ready], timeout=WATCH_SECONDS)
+            if shutdown.requested.is_set():
+                ready.cancel()
+                return shutdown.exit_code
             reason = children.dead()
             if reason and not ready.done():
                 await asyncio.sleep(WATCH_SECONDS)  # its last message may still be in flight
@@ -117,10 +203,10 @@ async def _serve(config: EngineConfig, host: str, port: int, settings) -> int:
         app = create_app(manager, settings, metrics)
         app.state.child_pids = {name: proc.pid for name, proc in children.procs.items()}
         app.state.ipc_directory = endpoints.directory
-        server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=config.log_level,
-                                               access_log=config.log_level == "debug", lifespan="off",
-                                               timeout_graceful_shutdown=5))
-        exit_code = 0
+        server = QuietServer(uvicorn.Config(app, host=host, port=port, log_level=config.log_level,
+                                            access_log=config.log_level == "debug", lifespan="off",
+                                            timeout_graceful_shutdown=5))
+        exit_code = None
 
         async def watch() -> None:
             nonlocal exit_code
@@ -129,21 +215,25 @@ async def _serve(config: EngineConfig, host: str, port: int, settings) -> int:
             shown = f"[{host}]" if ":" in host else host
             print(f"radixkv ready: http://{shown}:{port} serving {settings.model_name} "
                   f"({info['max_total_tokens']} KV tokens; OpenAI API at http://{shown}:{port}/v1)", flush=True)
-            while not server.should_exit:
+            while not shutdown.requested.is_set():
                 reason = children.dead()
                 if reason:
                     logger.error(reason)
                     manager.fail_all(reason)
                     exit_code = 1
-                    server.should_exit = True
-                await asyncio.sleep(WATCH_SECONDS)
+                    break
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(shutdown.requested.wait(), WATCH_SECONDS)
+            if exit_code is None:
+                await drain(manager, shutdown, settings.shutdown_timeout)
+            server.should_exit = True
 
         watcher = asyncio.create_task(watch())
         await server.serve()
         watcher.cancel()
         if not server.started:
             return 2
-        return exit_code
+        return exit_code if exit_code is not None else shutdown.exit_code
     finally:
         try:
             if manager is not None:
@@ -154,45 +244,37 @@ async def _serve(config: EngineConfig, host: str, port: int, settings) -> int:
                 manager.close()
         finally:
             endpoints.remove()
+            for sig in EXIT_CODES:
+                loop.remove_signal_handler(sig)
 
 
-def exposure_warning(host: str, api_key: str | None) -> str | None:
-    """What to warn about when `host` lets other machines in and nothing asks for a key."""
-    import ipaddress
-
-    if api_key:
-        return None
-    try:
-        loopback = ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        loopback = host == "localhost"
-    if loopback:
-        return None
-    return (f"--host {host} without --api-key: anyone who can reach this machine's port can use the model "
-            f"and read /server_info; pass --api-key KEY (clients send 'Authorization: Bearer KEY')")
-
-
-def serve(config: EngineConfig, host: str = "127.0.0.1", port: int = 30000, api_key: str | None = None,
-          served_model_name: str | None = None, max_body_bytes: int | None = None) -> int:
-    """Run the server until SIGINT/SIGTERM; returns the process exit code."""
+def serve(config: EngineConfig, host: str = "127.0.0.1", port: int = 30000, api_keys: tuple[str, ...] = (),
+          served_model_name: str | None = None, max_body_bytes: int | None = None,
+          shutdown_timeout: float = 30.0) -> int:
+    """Run the server until SIGTERM (drains) or SIGINT; returns the process exit code."""
     from radixkv.logs import setup_logging
     from radixkv.model.loader import resolve_model_dir
-    from radixkv.server.http_app import DEFAULT_MAX_BODY_BYTES, ServerSettings
     from radixkv.procs import quiet_compute_threads
+    from radixkv.server.http_common import DEFAULT_MAX_BODY_BYTES, ServerSettings
 
     setup_logging(config.log_level)
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)  # until the server's own handlers drain instead
     if not 0 < port < 65536:
         raise ConfigError(f"--port {port}: must be in 1..65535")
     if max_body_bytes is not None and max_body_bytes < 1024:
         raise ConfigError(f"--max-body-bytes {max_body_bytes}: must be at least 1024")
+    if not 0 <= shutdown_timeout <= 24 * 3600:
+        raise ConfigError(f"--shutdown-timeout {shutdown_timeout}: must be in [0, 86400] seconds")
+    if any(not key for key in api_keys):
+        raise ConfigError("--api-key: a key must not be empty")
     check_port_free(host, port)
-    warning = exposure_warning(host, api_key)
+    warning = exposure_warning(host, api_keys)
     if warning:
         logger.warning(warning)
     model_dir = resolve_model_dir(config.model, config.cache_dir)  # converts a GGUF once, with progress
     name = served_model_name or (DEFAULT_MODEL_NAME if config.model is None else Path(config.model).stem)
     config = replace(config, model=str(model_dir))
-    settings = ServerSettings(name, api_key, max_body_bytes or DEFAULT_MAX_BODY_BYTES)
+    settings = ServerSettings(name, tuple(api_keys), max_body_bytes or DEFAULT_MAX_BODY_BYTES, shutdown_timeout)
     quiet_compute_threads()  # the HTTP process only tokenizes and routes; children set their own
     try:
         import torch
@@ -200,13 +282,7 @@ def serve(config: EngineConfig, host: str = "127.0.0.1", port: int = 30000, api_
         torch.set_num_threads(1)
     except ImportError:
         pass
-    # SIGTERM unwinds like Ctrl-C (uvicorn re-raises it after its graceful shutdown), so the
-    # children are stopped and the socket directory removed whenever it arrives
-    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    try:
-        return asyncio.run(_serve(config, host, port, settings))
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    return asyncio.run(_serve(config, host, port, settings))
 
 
 def _exit_on_sigterm(signum, frame) -> None:

@@ -1,4 +1,4 @@
-"""OpenAI-compatible endpoints: POST /v1/chat/completions and /v1/completions.
+"""OpenAI-compatible endpoints: GET /v1/models, POST /v1/chat/completions and /v1/completions.
 
 Streaming is server-sent events in OpenAI's chunk format, ending with `data: [DONE]`;
 `stream_options.include_usage` adds a last chunk with usage. `usage.prompt_tokens_details.
@@ -15,22 +15,31 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-from fastapi import FastAPI, Request
-from fastapi.responses import StreamingResponse
+from fastapi import APIRouter, Request
 
 from radixkv.errors import InvalidRequestError, RadixKVError
 from radixkv.results import Collected
 from radixkv.sampling_params import LogprobParams, SamplingParams
-from radixkv.server.http_app import SSE_DONE, HTTPError, ServerSettings, error_of, json_body, sse
+from radixkv.server.http_common import (
+    HTTPError,
+    first_then_rest,
+    json_body,
+    request_body,
+    streaming_response,
+    until_disconnected,
+)
 from radixkv.server.protocol import (
     UNSUPPORTED_CHAT,
     UNSUPPORTED_COMPLETION,
     ChatCompletionBody,
     CompletionBody,
+    check_choices,
     refuse_unsupported,
     sampling_dict,
 )
 from radixkv.server.tokenizer_manager import Chunk, TokenizerManager
+
+router = APIRouter()
 
 
 def finish_reason_name(reason: dict[str, Any] | None) -> str | None:
@@ -57,73 +66,93 @@ class Job:
             self.cached_tokens = last.cached_tokens
 
 
-def add_openai_routes(app: FastAPI, manager: TokenizerManager, settings: ServerSettings) -> None:
-    def check_model(name: str) -> None:
-        if name not in (settings.model_name, manager.info["model_dir"]):
-            raise HTTPError(404, f"model {name!r} does not exist; this server serves {settings.model_name!r} "
-                                 f"(see GET /v1/models)", "not_found")
+def check_model(request: Request, name: str) -> None:
+    settings, manager = request.app.state.settings, request.app.state.manager
+    if name not in (settings.model_name, manager.info["model_dir"]):
+        raise HTTPError(404, f"model {name!r} does not exist; this server serves {settings.model_name!r} "
+                             f"(see GET /v1/models)", "not_found")
 
-    def jobs_for(prompts: list[list[int]], body, max_tokens: int | None) -> list[Job]:
-        jobs = []
-        logprob = body.logprob_params()
-        for ids in prompts:
-            max_new = max_tokens if max_tokens is not None else max(0, manager.limits.context_length - len(ids))
-            params = [SamplingParams.from_dict(sampling_dict(body, max_new, j)) for j in range(body.n)]
-            manager.check(ids, params[0], logprob)
-            jobs.append(Job(ids, params, logprob))
-        return jobs
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request):
-        raw = await json_body(request, settings)
-        refuse_unsupported(raw, UNSUPPORTED_CHAT)
-        body = ChatCompletionBody.model_validate(raw)
-        check_model(body.model)
-        if not body.messages:
-            raise InvalidRequestError("messages must not be empty")
-        messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
-                    for m in body.messages]
-        max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-        (job,) = jobs_for([manager.encode_chat(messages)], body, max_tokens)
-        meta = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": settings.model_name}
-        if body.stream:
-            include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return StreamingResponse(stream_chat(manager, job, meta, include_usage), media_type="text/event-stream")
-        await job.prefill_if_shared(manager)
-        results = await asyncio.gather(*(manager.generate(job.ids, p, logprob=job.logprob) for p in job.params))
-        choices = [{"index": j, "message": {"role": "assistant", "content": text},
-                    "logprobs": chat_logprobs(manager, job, got), "finish_reason": finish_reason_name(last.finish_reason)}
-                   for j, (text, got, last) in enumerate(results)]
-        return {**meta, "object": "chat.completion", "choices": choices,
-                "usage": usage(len(job.ids), sum(r[2].completion_tokens for r in results),
-                               job_cached(job, [r[2] for r in results]))}
+def jobs_for(manager: TokenizerManager, prompts: list[list[int]], body, max_tokens: int | None) -> list[Job]:
+    check_choices(body)
+    jobs = []
+    logprob = body.logprob_params()
+    for ids in prompts:
+        max_new = max_tokens if max_tokens is not None else max(0, manager.limits.context_length - len(ids))
+        params = [SamplingParams.from_dict(sampling_dict(body, max_new, j)) for j in range(body.n)]
+        manager.check(ids, params[0], logprob)
+        jobs.append(Job(ids, params, logprob))
+    return jobs
 
-    @app.post("/v1/completions")
-    async def completions(request: Request):
-        raw = await json_body(request, settings)
-        refuse_unsupported(raw, UNSUPPORTED_COMPLETION)
-        body = CompletionBody.model_validate(raw)
-        check_model(body.model)
-        prompts = completion_prompts(manager, body.prompt)
-        jobs = jobs_for(prompts, body, body.max_tokens)
-        meta = {"id": f"cmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": settings.model_name}
-        if body.stream:
-            include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return StreamingResponse(stream_completions(manager, jobs, meta, include_usage),
-                                     media_type="text/event-stream")
-        await asyncio.gather(*(job.prefill_if_shared(manager) for job in jobs))
-        per_job = await asyncio.gather(*(asyncio.gather(*(manager.generate(job.ids, p, logprob=job.logprob)
-                                                           for p in job.params)) for job in jobs))
-        choices, completion, cached = [], 0, 0
-        for i, (job, results) in enumerate(zip(jobs, per_job)):
-            for j, (text, got, last) in enumerate(results):
-                choices.append({"index": i * len(job.params) + j, "text": text,
-                                "logprobs": completion_logprobs(manager, job, got),
-                                "finish_reason": finish_reason_name(last.finish_reason)})
-                completion += last.completion_tokens
-            cached += job_cached(job, [r[2] for r in results])
-        return {**meta, "object": "text_completion", "choices": choices,
-                "usage": usage(sum(len(j.ids) for j in jobs), completion, cached)}
+
+@router.get("/v1/models")
+async def models(request: Request):
+    settings, manager = request.app.state.settings, request.app.state.manager
+    return {"object": "list", "data": [{
+        "id": settings.model_name, "object": "model", "created": 0, "owned_by": "radixkv",
+        "root": manager.info["model_dir"], "max_model_len": manager.limits.context_length}]}
+
+
+@router.post("/v1/chat/completions", openapi_extra=request_body(ChatCompletionBody))
+async def chat_completions(request: Request):
+    manager: TokenizerManager = request.app.state.manager
+    raw = await json_body(request)
+    refuse_unsupported(raw, UNSUPPORTED_CHAT)
+    body = ChatCompletionBody.model_validate(raw)
+    check_model(request, body.model)
+    if not body.messages:
+        raise InvalidRequestError("messages must not be empty")
+    max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    (job,) = jobs_for(manager, [manager.encode_chat([m.template_message() for m in body.messages])], body,
+                      max_tokens)
+    meta = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": request.app.state.settings.model_name}
+    await until_disconnected(request, job.prefill_if_shared(manager))
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        chunks = await started(request, merged(manager, [(j, job.ids, p, job.logprob) for j, p in enumerate(job.params)]))
+        return streaming_response(chat_events(manager, job, chunks, meta, include_usage))
+    results = await until_disconnected(request, asyncio.gather(
+        *(manager.generate(job.ids, p, logprob=job.logprob) for p in job.params)))
+    choices = [{"index": j, "message": {"role": "assistant", "content": text},
+                "logprobs": chat_logprobs(manager, job, got), "finish_reason": finish_reason_name(last.finish_reason)}
+               for j, (text, got, last) in enumerate(results)]
+    return {**meta, "object": "chat.completion", "choices": choices,
+            "usage": usage(len(job.ids), sum(r[2].completion_tokens for r in results),
+                           job_cached(job, [r[2] for r in results]))}
+
+
+@router.post("/v1/completions", openapi_extra=request_body(CompletionBody))
+async def completions(request: Request):
+    manager: TokenizerManager = request.app.state.manager
+    raw = await json_body(request)
+    refuse_unsupported(raw, UNSUPPORTED_COMPLETION)
+    body = CompletionBody.model_validate(raw)
+    check_model(request, body.model)
+    jobs = jobs_for(manager, completion_prompts(manager, body.prompt), body, body.max_tokens)
+    meta = {"id": f"cmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": request.app.state.settings.model_name}
+    await until_disconnected(request, asyncio.gather(*(job.prefill_if_shared(manager) for job in jobs)))
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        streams, owner = [], {}
+        for i, job in enumerate(jobs):
+            for j, p in enumerate(job.params):
+                index = i * len(job.params) + j
+                streams.append((index, job.ids, p, job.logprob))
+                owner[index] = job
+        chunks = await started(request, merged(manager, streams))
+        return streaming_response(completion_events(manager, jobs, owner, chunks, meta, include_usage))
+    per_job = await until_disconnected(request, asyncio.gather(
+        *(asyncio.gather(*(manager.generate(job.ids, p, logprob=job.logprob) for p in job.params)) for job in jobs)))
+    choices, completion, cached = [], 0, 0
+    for i, (job, results) in enumerate(zip(jobs, per_job)):
+        for j, (text, got, last) in enumerate(results):
+            choices.append({"index": i * len(job.params) + j, "text": text,
+                            "logprobs": completion_logprobs(manager, job, got),
+                            "finish_reason": finish_reason_name(last.finish_reason)})
+            completion += last.completion_tokens
+        cached += job_cached(job, [r[2] for r in results])
+    return {**meta, "object": "text_completion", "choices": choices,
+            "usage": usage(sum(len(j.ids) for j in jobs), completion, cached)}
 
 
 def job_cached(job: Job, lasts: list[Chunk]) -> int:
@@ -174,8 +203,8 @@ def completion_logprobs(manager: TokenizerManager, job: Job, got: Collected, off
 
 async def merged(manager: TokenizerManager, streams: list[tuple[int, list[int], SamplingParams, LogprobParams]]
                  ) -> AsyncIterator[tuple[int, Chunk]]:
-    """(choice index, chunk) from several requests as they arrive. Leaving early (a client that
-    disconnects) cancels every request still running."""
+    """(choice index, chunk) from several requests as they arrive; a failed chunk raises. Leaving
+    early (a client that disconnects) cancels every request still running."""
     queue: asyncio.Queue = asyncio.Queue()
 
     async def pump(index: int, ids: list[int], params: SamplingParams, logprob: LogprobParams) -> None:
@@ -192,6 +221,7 @@ async def merged(manager: TokenizerManager, streams: list[tuple[int, list[int], 
             index, item = await queue.get()
             if isinstance(item, Exception):
                 raise item
+            item.raise_if_error()
             if item.finished:
                 remaining -= 1
             yield index, item
@@ -200,63 +230,58 @@ async def merged(manager: TokenizerManager, streams: list[tuple[int, list[int], 
             task.cancel()
 
 
-async def stream_chat(manager: TokenizerManager, job: Job, meta: dict, include_usage: bool):
+async def started(request: Request, chunks: AsyncIterator[tuple[int, Chunk]]) -> AsyncIterator[tuple[int, Chunk]]:
+    """`chunks` once the first has come: a request that fails at once is an HTTP error, not a
+    200 stream holding one."""
+    try:
+        _, rest = await first_then_rest(request, chunks)
+    except BaseException:
+        await chunks.aclose()
+        raise
+    return rest
+
+
+async def chat_events(manager: TokenizerManager, job: Job, chunks: AsyncIterator[tuple[int, Chunk]], meta: dict,
+                      include_usage: bool) -> AsyncIterator[dict[str, Any]]:
     base = {**meta, "object": "chat.completion.chunk"}
-    try:
-        await job.prefill_if_shared(manager)
-        for j in range(len(job.params)):
-            yield sse({**base, "choices": [{"index": j, "delta": {"role": "assistant", "content": ""},
-                                            "logprobs": None, "finish_reason": None}]})
-        lasts: dict[int, Chunk] = {}
-        async for j, chunk in merged(manager, [(j, job.ids, p, job.logprob) for j, p in enumerate(job.params)]):
-            chunk.raise_if_error()
-            if chunk.text or chunk.new_ids:
-                piece = Collected()
-                piece.add(chunk)
-                yield sse({**base, "choices": [{"index": j, "delta": {"content": chunk.text},
-                                                "logprobs": chat_logprobs(manager, job, piece), "finish_reason": None}]})
-            if chunk.finished:
-                lasts[j] = chunk
-                yield sse({**base, "choices": [{"index": j, "delta": {}, "logprobs": None,
-                                                "finish_reason": finish_reason_name(chunk.finish_reason)}]})
-        if include_usage:
-            finals = [lasts[j] for j in sorted(lasts)]
-            yield sse({**base, "choices": [], "usage": usage(len(job.ids), sum(c.completion_tokens for c in finals),
-                                                             job_cached(job, finals))})
-    except RadixKVError as e:
-        status, message, kind = error_of(e)
-        yield sse({"error": {"message": message, "type": kind, "code": status}})
-    yield SSE_DONE
+    for j in range(len(job.params)):
+        yield {**base, "choices": [{"index": j, "delta": {"role": "assistant", "content": ""},
+                                    "logprobs": None, "finish_reason": None}]}
+    lasts: dict[int, Chunk] = {}
+    async for j, chunk in chunks:
+        if chunk.text or chunk.new_ids:
+            piece = Collected()
+            piece.add(chunk)
+            yield {**base, "choices": [{"index": j, "delta": {"content": chunk.text},
+                                        "logprobs": chat_logprobs(manager, job, piece), "finish_reason": None}]}
+        if chunk.finished:
+            lasts[j] = chunk
+            yield {**base, "choices": [{"index": j, "delta": {}, "logprobs": None,
+                                        "finish_reason": finish_reason_name(chunk.finish_reason)}]}
+    if include_usage:
+        finals = [lasts[j] for j in sorted(lasts)]
+        yield {**base, "choices": [], "usage": usage(len(job.ids), sum(c.completion_tokens for c in finals),
+                                                     job_cached(job, finals))}
 
 
-async def stream_completions(manager: TokenizerManager, jobs: list[Job], meta: dict, include_usage: bool):
+async def completion_events(manager: TokenizerManager, jobs: list[Job], owner: dict[int, Job],
+                            chunks: AsyncIterator[tuple[int, Chunk]], meta: dict, include_usage: bool
+                            ) -> AsyncIterator[dict[str, Any]]:
     base = {**meta, "object": "text_completion"}
-    try:
-        await asyncio.gather(*(job.prefill_if_shared(manager) for job in jobs))
-        streams, owner, offsets = [], {}, {}
-        for i, job in enumerate(jobs):
-            for j, p in enumerate(job.params):
-                index = i * len(job.params) + j
-                streams.append((index, job.ids, p, job.logprob))
-                owner[index] = job
-        lasts: dict[int, Chunk] = {}
-        async for index, chunk in merged(manager, streams):
-            chunk.raise_if_error()
-            if chunk.text or chunk.new_ids or chunk.finished:
-                piece = Collected()
-                piece.add(chunk)
-                logprobs = completion_logprobs(manager, owner[index], piece, offsets.get(index, 0))
-                offsets[index] = offsets.get(index, 0) + sum(len(manager.token_text(t)) for t in chunk.new_ids)
-                yield sse({**base, "choices": [{"index": index, "text": chunk.text, "logprobs": logprobs,
-                                                "finish_reason": finish_reason_name(chunk.finish_reason)
-                                                if chunk.finished else None}]})
-            if chunk.finished:
-                lasts[index] = chunk
-        if include_usage:
-            cached = sum(job_cached(job, [lasts[k] for k in sorted(lasts) if owner[k] is job]) for job in jobs)
-            yield sse({**base, "choices": [], "usage": usage(sum(len(j.ids) for j in jobs),
-                                                             sum(c.completion_tokens for c in lasts.values()), cached)})
-    except RadixKVError as e:
-        status, message, kind = error_of(e)
-        yield sse({"error": {"message": message, "type": kind, "code": status}})
-    yield SSE_DONE
+    lasts: dict[int, Chunk] = {}
+    offsets: dict[int, int] = {}
+    async for index, chunk in chunks:
+        if chunk.text or chunk.new_ids or chunk.finished:
+            piece = Collected()
+            piece.add(chunk)
+            logprobs = completion_logprobs(manager, owner[index], piece, offsets.get(index, 0))
+            offsets[index] = offsets.get(index, 0) + sum(len(manager.token_text(t)) for t in chunk.new_ids)
+            yield {**base, "choices": [{"index": index, "text": chunk.text, "logprobs": logprobs,
+                                        "finish_reason": finish_reason_name(chunk.finish_reason)
+                                        if chunk.finished else None}]}
+        if chunk.finished:
+            lasts[index] = chunk
+    if include_usage:
+        cached = sum(job_cached(job, [lasts[k] for k in sorted(lasts) if owner[k] is job]) for job in jobs)
+        yield {**base, "choices": [], "usage": usage(sum(len(j.ids) for j in jobs),
+                                                     sum(c.completion_tokens for c in lasts.values()), cached)}

@@ -12,7 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from radixkv.errors import InvalidRequestError
-from radixkv.sampling_params import LogprobParams
+from radixkv.sampling_params import SEED_MAX, SEED_MIN, LogprobParams
 
 
 class Strict(BaseModel):
@@ -34,14 +34,6 @@ class GenerateBody(Strict):
 
 class AbortBody(Strict):
     rid: str
-
-
-class TokenizeBody(Strict):
-    """POST /tokenize: `text` alone (no BOS added), or `messages` through the chat template."""
-
-    text: str | None = None
-    messages: list[dict[str, Any]] | None = None
-    add_generation_prompt: bool = True
 
 
 class DetokenizeBody(Strict):
@@ -69,6 +61,18 @@ class ChatMessage(Strict):
             return self.content
         return "".join(part.text for part in self.content)
 
+    def template_message(self) -> dict[str, str]:
+        """As a chat template takes it (OpenAI's `developer` role is a system message)."""
+        return {"role": "system" if self.role == "developer" else self.role, "content": self.text()}
+
+
+class TokenizeBody(Strict):
+    """POST /tokenize: `text` alone (no BOS added), or `messages` through the chat template."""
+
+    text: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_generation_prompt: bool = True
+
 
 class SamplingFields(Strict):
     """Sampling fields common to both OpenAI endpoints (plus SGLang/vLLM's usual extensions)."""
@@ -80,7 +84,7 @@ class SamplingFields(Strict):
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=SEED_MIN, le=SEED_MAX)  # 64 bits, as a torch generator takes
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
     user: str | None = None  # the end user's id: recorded in the request log
@@ -137,10 +141,18 @@ def refuse_unsupported(body: dict[str, Any], names: tuple[str, ...]) -> None:
         raise InvalidRequestError(f"unsupported field(s) {found}: this server does not implement them")
 
 
-def sampling_dict(body: SamplingFields, max_new_tokens: int, choice: int = 0) -> dict[str, Any]:
-    """OpenAI fields -> our `sampling_params` (a seed differs per choice, so n > 1 samples differ)."""
+def check_choices(body: SamplingFields) -> None:
+    """`n` (and the per-choice seeds it implies) within range, before anything indexes choices."""
     if not 1 <= body.n <= MAX_N:
         raise InvalidRequestError(f"n={body.n}: must be in [1, {MAX_N}]")
+    if body.seed is not None and body.seed + body.n - 1 > SEED_MAX:
+        raise InvalidRequestError(f"seed={body.seed}: choice j samples with seed + j, which must fit in 64 bits "
+                                  f"(at most {SEED_MAX})")
+
+
+def sampling_dict(body: SamplingFields, max_new_tokens: int, choice: int = 0) -> dict[str, Any]:
+    """OpenAI fields -> our `sampling_params` (a seed differs per choice, so n > 1 samples differ)."""
+    check_choices(body)
     params: dict[str, Any] = {"max_new_tokens": max_new_tokens}
     for ours, theirs in (("temperature", "temperature"), ("top_p", "top_p"), ("top_k", "top_k"),
                          ("min_p", "min_p"), ("frequency_penalty", "frequency_penalty"),

@@ -2,24 +2,27 @@
 fed from a ZMQ socket instead of a queue.
 
     PULL  <- tokenizer manager: GenerateRequest, AbortMsg, ControlRequest
-    PUSH  -> detokenizer:       TokenBatch (every step's outputs)
+    PUSH  -> detokenizer:       DetokenizeParams (once per request), TokenBatch (every step's outputs)
     PUSH  -> tokenizer manager: SchedulerReady / SchedulerFailed once, ControlReply per control
 """
 
 from __future__ import annotations
 
+import logging
 import sys
 import time
+from dataclasses import asdict
 from typing import Any
 
 import zmq
 
 from radixkv.config import EngineConfig
-from radixkv.errors import RadixKVError
+from radixkv.errors import ErrorKind, RadixKVError
 from radixkv.ipc import (
     AbortMsg,
     ControlReply,
     ControlRequest,
+    DetokenizeParams,
     GenerateRequest,
     ProtocolError,
     SchedulerFailed,
@@ -28,34 +31,17 @@ from radixkv.ipc import (
     decode,
     encode,
 )
+from radixkv.outputs import ReqOutput
 from radixkv.procs import PARENT_POLL_MS, become_child, parent_alive
+from radixkv.sched import Req, Scheduler
+from radixkv.sched.loop import AbortRequest, AddRequest, CallScheduler, Command, SchedulerLoop, Stop
 from radixkv.server.sockets import Endpoints
 
-
-def token_batch(outputs, params_by_rid: dict) -> TokenBatch:
-    """The step's outputs as one message for the detokenizer (which needs each request's stop
-    strings and special-token choice; a finished request's entry is dropped)."""
-    params = [params_by_rid.pop(o.rid, None) if o.finished else params_by_rid.get(o.rid) for o in outputs]
-    return TokenBatch(
-        rids=[o.rid for o in outputs], new_ids=[o.new_ids for o in outputs],
-        finished=[o.finished for o in outputs], finish_reasons=[o.finish_reason for o in outputs],
-        prompt_tokens=[o.prompt_tokens for o in outputs], cached_tokens=[o.cached_tokens for o in outputs],
-        completion_tokens=[o.completion_tokens for o in outputs], ttft=[o.ttft for o in outputs],
-        latency=[o.latency for o in outputs], errors=[o.error for o in outputs],
-        error_codes=[o.error_code for o in outputs],
-        stops=[list(p.stop) if p else [] for p in params],
-        skip_special_tokens=[p.skip_special_tokens if p else True for p in params],
-        output_logprobs=[o.output_logprobs for o in outputs],
-        output_top_logprobs=[o.output_top_logprobs for o in outputs],
-        input_logprobs=[o.input_logprobs for o in outputs],
-        input_top_logprobs=[o.input_top_logprobs for o in outputs],
-    )
+CONTROLS = {"flush_cache": lambda s: {"flushed": s.flush_cache()}, "stats": lambda s: s.get_stats()}
 
 
-def scheduler_info(scheduler, config: EngineConfig) -> dict[str, Any]:
+def scheduler_info(scheduler: Scheduler, config: EngineConfig) -> dict[str, Any]:
     """What the HTTP process needs to know: limits for validation, the pool, the config."""
-    from dataclasses import asdict
-
     mc = scheduler.runner.model_config
     return {"limits": scheduler.limits.to_dict(), "model_dir": str(scheduler.runner.model_dir),
             "architecture": mc.architecture, "page_size": scheduler.page_size,
@@ -63,23 +49,23 @@ def scheduler_info(scheduler, config: EngineConfig) -> dict[str, Any]:
             "kv_bytes_per_token": scheduler.memory.layout.bytes_per_token,
             "num_threads": scheduler.runner.num_threads, "device": str(scheduler.runner.device),
             "dtype": str(scheduler.runner.dtype).replace("torch.", ""),
-            "attention_backend": scheduler.runner.backend.name, "config": asdict(config)}
+            "attention_backend": scheduler.runner.backend.name,
+            "attention_backend_fallback": scheduler.runner.backend_fallback, "config": asdict(config)}
 
 
 class ZmqInbox:
-    """The scheduler loop's inbox in the server: decodes messages into loop commands."""
+    """The scheduler loop's inbox in the server: decodes messages into loop commands, and tells
+    the detokenizer how to detokenize each request it admits."""
 
-    def __init__(self, socket: zmq.Socket, reply: zmq.Socket, parent_pid: int, reject, logger,
-                 healthy=lambda: True):
+    def __init__(self, socket: zmq.Socket, reply: zmq.Socket, parent_pid: int, reject, logger: logging.Logger,
+                 healthy=lambda: True, to_detokenizer: zmq.Socket | None = None):
         self.socket, self.reply, self.parent_pid = socket, reply, parent_pid
         self.healthy = healthy  # False once the runner cannot compute (a tensor-parallel rank is lost)
-        self.params_by_rid: dict = {}  # rid -> SamplingParams of requests in flight
         self.reject = reject  # reject(rid, message): an error output for a request that never ran
         self.logger = logger
+        self.to_detokenizer = to_detokenizer
 
-    def receive(self, block: bool) -> list:
-        from radixkv.sched.loop import Stop
-
+    def receive(self, block: bool) -> list[Command]:
         commands = []
         if not self.healthy():
             return [Stop()]  # in-flight requests end with an error; the server sees this process exit
@@ -94,33 +80,27 @@ class ZmqInbox:
             try:
                 command = self._command(decode(data))
             except ProtocolError as e:
-                self.logger.error("dropping a message: %s", e)
+                if e.kind is GenerateRequest and e.values and isinstance(e.values[0], str):
+                    self.reject(e.values[0], str(e))  # one of ours, with values that do not validate
+                else:
+                    self.logger.error("dropping a message: %s", e)
                 continue
             if command is not None:
                 commands.append(command)
 
-    def _command(self, msg):
-        from radixkv.sampling_params import SamplingParams
-        from radixkv.sched import Req
-        from radixkv.sampling_params import LogprobParams
-        from radixkv.sched.loop import AbortRequest, AddRequest, CallScheduler, Stop
-
+    def _command(self, msg) -> Command | None:
         if isinstance(msg, GenerateRequest):
-            try:
-                req = Req(msg.rid, list(msg.input_ids), SamplingParams.from_dict(msg.sampling_params),
-                          namespace=msg.namespace, logprob=LogprobParams(*msg.logprob))
-            except (RadixKVError, TypeError) as e:
-                self.reject(msg.rid, str(e))
-                return None
-            self.params_by_rid[msg.rid] = req.params
-            return AddRequest(req)
+            if self.to_detokenizer is not None:  # before any of its outputs, on the same socket
+                self.to_detokenizer.send(encode(DetokenizeParams(msg.rid, list(msg.params.stop),
+                                                                 msg.params.skip_special_tokens)))
+            return AddRequest(Req(msg.rid, list(msg.input_ids), msg.params, namespace=msg.namespace,
+                                  logprob=msg.logprob))
         if isinstance(msg, AbortMsg):
             return AbortRequest(msg.rid)
         if isinstance(msg, ControlRequest):
             if msg.kind == "shutdown":
                 return Stop()
-            fn = {"flush_cache": lambda s: {"flushed": s.flush_cache()},
-                  "stats": lambda s: s.get_stats()}.get(msg.kind)
+            fn = CONTROLS.get(msg.kind)
             if fn is None:
                 self.reply.send(encode(ControlReply(msg.call_id, False, {"error": f"unknown control {msg.kind!r}"})))
                 return None
@@ -147,9 +127,6 @@ def run_scheduler_process(config: EngineConfig, endpoints: Endpoints, parent_pid
     to_tokenizer = ctx.socket(zmq.PUSH)
     to_tokenizer.connect(endpoints.tokenizer)
     try:
-        from radixkv.sched import Scheduler
-        from radixkv.sched.loop import SchedulerLoop, error_output
-
         start = time.perf_counter()
         scheduler = Scheduler.load(config, progress=True)
         logger.info("scheduler ready in %.1f s", time.perf_counter() - start)
@@ -164,13 +141,13 @@ def run_scheduler_process(config: EngineConfig, endpoints: Endpoints, parent_pid
         sys.exit(1)
     to_tokenizer.send(encode(SchedulerReady(scheduler_info(scheduler, config))))
 
-    def deliver(outputs) -> None:
+    def deliver(outputs: list[ReqOutput]) -> None:
         if outputs:
-            to_detokenizer.send(encode(token_batch(outputs, inbox.params_by_rid)))
+            to_detokenizer.send(encode(TokenBatch(outputs)))
 
     inbox = ZmqInbox(inbox_socket, to_tokenizer, parent_pid,
-                     lambda rid, message: deliver([error_output(rid, message, 400)]), logger,
-                     healthy=lambda: scheduler.runner.healthy)
+                     lambda rid, message: deliver([ReqOutput.failed(rid, message, ErrorKind.INVALID_REQUEST)]),
+                     logger, healthy=lambda: scheduler.runner.healthy, to_detokenizer=to_detokenizer)
     loop = SchedulerLoop(scheduler, deliver)
     try:
         loop.run(inbox)

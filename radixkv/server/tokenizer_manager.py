@@ -7,6 +7,10 @@ HTTP server's event loop; sockets:
 
     PUSH -> scheduler:  GenerateRequest, AbortMsg, ControlRequest
     PULL <- detokenizer (TextBatch) and scheduler (SchedulerReady/Failed, ControlReply)
+
+Request ids. Every request runs under an id the manager makes (a random uuid). A client may
+name its request (`rid`); that name is scoped to the client's principal (its API key), so one
+client can neither abort another's request nor learn which names another has in flight.
 """
 
 from __future__ import annotations
@@ -15,13 +19,13 @@ import asyncio
 import logging
 import uuid
 from collections.abc import AsyncIterator, Callable
-from dataclasses import astuple, dataclass
+from dataclasses import replace
 from typing import Any
 
 import zmq
 import zmq.asyncio
 
-from radixkv.errors import EngineError, InvalidRequestError, RadixKVError
+from radixkv.errors import EngineError, ErrorKind, InvalidRequestError, ServiceUnavailable
 from radixkv.ipc import (
     AbortMsg,
     ControlReply,
@@ -34,6 +38,7 @@ from radixkv.ipc import (
     decode,
     encode,
 )
+from radixkv.outputs import TextOutput
 from radixkv.results import Collected
 from radixkv.sampling_params import LogprobParams, SamplingParams
 from radixkv.server.sockets import Endpoints
@@ -42,53 +47,10 @@ from radixkv.validation import RequestLimits, check_request
 logger = logging.getLogger(__name__)
 NO_LOGPROBS = LogprobParams()
 
+Chunk = TextOutput
+"""What one request produced since its previous chunk (its new tokens and their text)."""
 
-class ServiceUnavailable(RadixKVError):
-    """The runtime cannot serve (a process died, or it is shutting down): HTTP 503."""
-
-
-@dataclass(frozen=True, slots=True)
-class Chunk:
-    """What one request produced since its previous chunk."""
-
-    rid: str
-    text: str
-    new_ids: list[int]
-    finished: bool
-    finish_reason: dict[str, Any] | None
-    prompt_tokens: int
-    cached_tokens: int
-    completion_tokens: int
-    ttft: float | None
-    latency: float | None
-    error: str | None
-    error_code: int
-    output_logprobs: list[float] | None = None
-    output_top_logprobs: list | None = None
-    input_logprobs: list | None = None
-    input_top_logprobs: list | None = None
-
-    def meta_info(self) -> dict[str, Any]:
-        return {"id": self.rid, "prompt_tokens": self.prompt_tokens, "cached_tokens": self.cached_tokens,
-                "completion_tokens": self.completion_tokens, "finish_reason": self.finish_reason,
-                "ttft": self.ttft, "e2e_latency": self.latency}
-
-    def raise_if_error(self) -> None:
-        if self.error is None:
-            return
-        if self.error_code == 400:
-            raise InvalidRequestError(self.error)
-        if self.error_code == 503:
-            raise ServiceUnavailable(self.error)
-        raise EngineError(self.error)
-
-
-def chunks_of(batch: TextBatch) -> list[Chunk]:
-    return [Chunk(*row) for row in zip(batch.rids, batch.texts, batch.new_ids, batch.finished,
-                                        batch.finish_reasons, batch.prompt_tokens, batch.cached_tokens,
-                                        batch.completion_tokens, batch.ttft, batch.latency, batch.errors,
-                                        batch.error_codes, batch.output_logprobs, batch.output_top_logprobs,
-                                        batch.input_logprobs, batch.input_top_logprobs)]
+__all__ = ["Chunk", "ServiceUnavailable", "TokenizerManager"]
 
 
 class TokenizerManager:
@@ -101,12 +63,14 @@ class TokenizerManager:
         self.to_scheduler = self._sync_ctx.socket(zmq.PUSH)  # sends never block; usable in `finally`
         self.to_scheduler.connect(endpoints.scheduler)
         self.on_finished = on_finished
-        self.queues: dict[str, asyncio.Queue[Chunk]] = {}
+        self.queues: dict[str, asyncio.Queue[Chunk]] = {}  # request id -> its chunks
+        self.client_rids: dict[tuple[str, str], str] = {}  # (principal, the client's rid) -> request id
         self._token_texts: dict[int, str] = {}
         self.calls: dict[str, asyncio.Future] = {}
         self.info: dict[str, Any] | None = None
         self.limits: RequestLimits | None = None
         self.dead: str | None = None  # why the runtime cannot serve, once it cannot
+        self.draining: str | None = None  # why new requests are refused while in-flight ones finish
         self._ready: asyncio.Future | None = None
         self._task: asyncio.Task | None = None
 
@@ -121,14 +85,22 @@ class TokenizerManager:
         self.limits = RequestLimits(**self.info["limits"])
         return self.info
 
+    @property
+    def in_flight(self) -> int:
+        """Requests this server is waiting on."""
+        return len(self.queues)
+
+    def start_draining(self, reason: str) -> None:
+        """Refuse new requests (503 with `reason`); those in flight go on."""
+        self.draining = self.draining or reason
+
     def fail_all(self, reason: str) -> None:
-        """The runtime cannot serve: every waiting request ends with a 503 error."""
+        """The runtime cannot serve: every waiting request ends with an `unavailable` error."""
         self.dead = self.dead or reason
         if self._ready is not None and not self._ready.done():
             self._ready.set_exception(ServiceUnavailable(reason))
         for rid, queue in list(self.queues.items()):
-            queue.put_nowait(Chunk(rid, "", [], True, {"type": "abort", "message": reason},
-                                   0, 0, 0, None, None, reason, 503))
+            queue.put_nowait(Chunk.failed(rid, reason, ErrorKind.UNAVAILABLE))
         for future in self.calls.values():
             if not future.done():
                 future.set_exception(ServiceUnavailable(reason))
@@ -156,55 +128,59 @@ class TokenizerManager:
         return text
 
     def check(self, input_ids: list[int], params: SamplingParams, logprob: LogprobParams = NO_LOGPROBS) -> None:
-        """Raise `InvalidRequestError` if the request can never run (before anything is sent)."""
-        self._check_alive()
+        """Raise `InvalidRequestError` if the request can never run (before anything is sent),
+        `ServiceUnavailable` if the server takes no new requests."""
+        self._check_accepting()
         check_request(input_ids, params, self.limits)
         logprob.check_prompt(len(input_ids))
 
     async def stream(self, input_ids: list[int], params: SamplingParams, rid: str | None = None,
-                     namespace: str | None = None, logprob: LogprobParams = NO_LOGPROBS) -> AsyncIterator[Chunk]:
-        """Chunks of one request as they decode. Leaving early (a client that disconnects)
-        aborts the request, so its pages come back."""
-        self._check_alive()
-        rid = rid or uuid.uuid4().hex
-        if rid in self.queues:
-            raise InvalidRequestError(f"rid {rid!r} is already in use")
+                     namespace: str | None = None, logprob: LogprobParams = NO_LOGPROBS,
+                     principal: str = "") -> AsyncIterator[Chunk]:
+        """Chunks of one request as they decode (named `rid` if the client named it). Leaving
+        early (a client that disconnects) aborts the request, so its pages come back."""
+        self._check_accepting()
+        request_id, name = uuid.uuid4().hex, None
+        if rid is not None:
+            name = (principal, rid)
+            if name in self.client_rids:
+                raise InvalidRequestError(f"rid {rid!r} is already in use")
+            self.client_rids[name] = request_id
         queue: asyncio.Queue[Chunk] = asyncio.Queue()
-        self.queues[rid] = queue
+        self.queues[request_id] = queue
         finished = False
         try:
-            self._send(GenerateRequest(rid, input_ids, params.to_dict(), namespace, list(astuple(logprob))))
+            self._send(GenerateRequest(request_id, input_ids, params, namespace, logprob))
             while not finished:
                 chunk = await queue.get()
                 finished = chunk.finished
-                yield chunk
+                yield chunk if rid is None else replace(chunk, rid=rid)
         finally:
-            del self.queues[rid]
+            del self.queues[request_id]
+            if name is not None:
+                del self.client_rids[name]
             if not finished and self.dead is None:
-                self._send(AbortMsg(rid))
+                self._send(AbortMsg(request_id))
 
     async def generate(self, input_ids: list[int], params: SamplingParams, rid: str | None = None,
-                       namespace: str | None = None, logprob: LogprobParams = NO_LOGPROBS
-                       ) -> tuple[str, Collected, Chunk]:
+                       namespace: str | None = None, logprob: LogprobParams = NO_LOGPROBS,
+                       principal: str = "") -> tuple[str, Collected, Chunk]:
         """(text, everything it produced, last chunk) of one request; raises its error, if any."""
         text, collected = [], Collected()
         last = None
-        async for chunk in self.stream(input_ids, params, rid, namespace, logprob):
+        async for chunk in self.stream(input_ids, params, rid, namespace, logprob, principal):
             text.append(chunk.text)
             collected.add(chunk)
             last = chunk
         last.raise_if_error()
         return "".join(text), collected, last
 
-    async def prefill(self, input_ids: list[int]) -> None:
-        """Compute and cache a prompt's KV without generating (before n > 1 samples of it)."""
-        await self.generate(input_ids, SamplingParams(max_new_tokens=0))
-
-    def abort(self, rid: str) -> bool:
-        """Abort `rid` if this server has it in flight; whether it had."""
-        if rid not in self.queues:
+    def abort(self, rid: str, principal: str = "") -> bool:
+        """Abort the request `principal` named `rid`, if it is in flight; whether it was."""
+        request_id = self.client_rids.get((principal, rid))
+        if request_id is None:
             return False
-        self._send(AbortMsg(rid))
+        self._send(AbortMsg(request_id))
         return True
 
     async def control(self, kind: str, timeout: float = 60.0) -> dict[str, Any]:
@@ -235,6 +211,11 @@ class TokenizerManager:
         if self.dead is not None:
             raise ServiceUnavailable(self.dead)
 
+    def _check_accepting(self) -> None:
+        self._check_alive()
+        if self.draining is not None:
+            raise ServiceUnavailable(self.draining)
+
     def _send(self, msg) -> None:
         self.to_scheduler.send(encode(msg), zmq.NOBLOCK)
 
@@ -247,7 +228,7 @@ class TokenizerManager:
                 logger.error("dropping a message: %s", e)
                 continue
             if isinstance(msg, TextBatch):
-                for chunk in chunks_of(msg):
+                for chunk in msg.outputs:
                     queue = self.queues.get(chunk.rid)
                     if queue is not None:
                         queue.put_nowait(chunk)

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
 from radixkv.mem import PageAllocator, RadixCache
-from radixkv.router.policy import make_policy
+from radixkv.routing import make_policy
 from radixkv.workloads.trace import BLOCK_SIZE, TraceRequest, expand_tokens
 
 

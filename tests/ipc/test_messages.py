@@ -7,6 +7,7 @@ from radixkv.ipc import (
     AbortMsg,
     ControlReply,
     ControlRequest,
+    DetokenizeParams,
     GenerateRequest,
     ProtocolError,
     SchedulerFailed,
@@ -16,20 +17,25 @@ from radixkv.ipc import (
     decode,
     encode,
 )
+from radixkv.errors import ErrorKind
+from radixkv.outputs import ReqOutput, TextOutput
+from radixkv.sampling_params import LogprobParams, SamplingParams
 
 MESSAGES = [
-    GenerateRequest("r1", [1, 2, 3], {"max_new_tokens": 4, "stop": ["\n"]}, None),
-    GenerateRequest("r2", [5], {}, "lora-a", [True, 3, 2]),
+    GenerateRequest("r1", [1, 2, 3], SamplingParams(max_new_tokens=4, stop=("\n",)), None),
+    GenerateRequest("r2", [5], SamplingParams(json_schema={"type": "object"}), "lora-a", LogprobParams(True, 3, 2)),
     AbortMsg("r1"),
     ControlRequest("c1", "flush_cache"),
     ControlReply("c1", True, {"flushed": False}),
     SchedulerReady({"limits": {"vocab_size": 10}, "page_size": 1}),
     SchedulerFailed("model not found"),
-    TokenBatch(["a", "b"], [[1], []], [False, True], [None, {"type": "stop", "matched": "é"}], [3, 4], [0, 2],
-               [1, 0], [0.1, None], [None, 0.5], [None, "boom"], [0, 500], [["\n"], []], [True, False],
-               [[-0.5], None], [[[[-0.5, 1], [-1.5, 7]]], None], [[[None, 3], [-2.25, 4]], None], [None, None]),
-    TextBatch(["a"], ["héllo ✓"], [[7, 8]], [True], [{"type": "length", "length": 2}], [3], [1], [2], [0.01],
-              [0.02], [None], [0], [[-0.1, -0.2]], [None], [None], [None]),
+    DetokenizeParams("a", ["\n"], True),
+    TokenBatch([ReqOutput("a", [1], False, None, 3, 0, 1, 0.1, None, output_logprobs=[-0.5],
+                          output_top_logprobs=[[[-0.5, 1], [-1.5, 7]]], input_logprobs=[[None, 3], [-2.25, 4]]),
+                ReqOutput("b", [], True, {"type": "stop", "matched": "é"}, 4, 2, 0, None, 0.5, "boom",
+                          ErrorKind.INTERNAL)]),
+    TextBatch([TextOutput("a", [7, 8], True, {"type": "length", "length": 2}, 3, 1, 2, 0.01, 0.02,
+                          output_logprobs=[-0.1, -0.2], text="héllo ✓")]),
 ]
 
 
@@ -50,6 +56,16 @@ def test_every_message_round_trips(msg):
 def test_malformed_bytes_are_protocol_errors(data, match):
     with pytest.raises(ProtocolError, match=match):
         decode(data)
+
+
+def test_a_request_with_invalid_values_names_itself():
+    """A GenerateRequest whose parameters do not validate is a ProtocolError that still says
+    which request it was, so the scheduler can answer it instead of dropping it."""
+    row = SamplingParams(max_new_tokens=4).to_row()
+    row[0] = -4  # max_new_tokens
+    with pytest.raises(ProtocolError, match="max_new_tokens") as caught:
+        decode(msgpack.packb([0, "r9", [1, 2], row, None, [False, -1, 0]]))
+    assert caught.value.kind is GenerateRequest and caught.value.values[0] == "r9"
 
 
 def test_only_our_messages_can_be_encoded():

@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 from radixkv.attention.forward_batch import ForwardBatch, ForwardMode
 from radixkv.mem.kv_memory import KVMemory
 from radixkv.mem.kv_pool import KVLayout
-from radixkv.parallel.journal import KVJournal, replay
-from radixkv.parallel.messages import TP_CODEC, TPForward, batch_from_message, forward_message
+from radixkv.tp.journal import KVJournal, replay
+from radixkv.tp.messages import TP_CODEC, TPForward, batch_from_message, forward_message
 
 LAYOUT = KVLayout(num_layers=2, num_kv_heads=2, head_dim=8, page_size=4, dtype=torch.float32)
 

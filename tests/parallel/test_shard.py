@@ -6,7 +6,8 @@ from radixkv.cli import build_parser
 from radixkv.config import EngineConfig
 from radixkv.errors import ConfigError
 from radixkv.model.config import ModelConfig, RopeConfig
-from radixkv.parallel.shard import TPShard, check_tp_size
+from radixkv.model.config import check_tp_size
+from radixkv.parallel.shard import TPShard
 
 
 def model_config(heads=8, kv_heads=4, inter=256, vocab=509):

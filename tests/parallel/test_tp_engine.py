@@ -77,7 +77,7 @@ def test_shutdown_stops_every_rank_cleanly(runs):
 
 def test_a_tp_size_that_does_not_divide_the_kv_heads_is_refused_before_any_rank_starts(tiny_model_dir,
                                                                                        monkeypatch):
-    from radixkv.parallel.ranks import TPWorkers
+    from radixkv.tp.ranks import TPWorkers
 
     def launch(*args):
         raise AssertionError("a rank was started")

@@ -62,7 +62,7 @@ def test_tp2_server_reports_its_ranks_and_all_reduce_cost(servers):
 def test_ctrl_c_stops_the_server_and_every_rank(servers):
     _, two = servers
     processes = psutil.Process(two.proc.pid).children(recursive=True)
-    ranks = [p for p in processes if "radixkv.parallel.worker" in " ".join(p.cmdline())]
+    ranks = [p for p in processes if "radixkv.tp.worker" in " ".join(p.cmdline())]
     assert len(ranks) == 1
     two.proc.send_signal(signal.SIGINT)
     assert two.proc.wait(30) == 130  # the exit code of a Ctrl-C

@@ -3,7 +3,7 @@
 import pytest
 
 from radixkv.errors import ConfigError
-from radixkv.router import ApproxTree, CacheAware, LeastLoad, RoundRobin, make_policy
+from radixkv.routing import ApproxTree, CacheAware, LeastLoad, RoundRobin, make_policy
 
 
 def test_round_robin_cycles_and_least_load_takes_the_idlest():

@@ -4,7 +4,7 @@ import threading
 
 import pytest
 
-from radixkv.errors import InvalidRequestError
+from radixkv.errors import ErrorKind, InvalidRequestError
 from radixkv.sampling_params import SamplingParams
 from radixkv.sched import Req
 from radixkv.sched.loop import AddRequest, SchedulerLoop
@@ -85,10 +85,10 @@ def test_the_loop_answers_a_refused_request_with_a_typed_error_reply(tiny_schedu
     loop = SchedulerLoop(sched, delivered.extend)
     loop.apply(AddRequest(Req("bad", [1, 99999], SamplingParams(max_new_tokens=2))))
     (out,) = delivered
-    assert out.finished and out.error_code == 400 and "input_ids[1]=99999" in out.error
+    assert out.finished and out.error_kind == ErrorKind.INVALID_REQUEST and "input_ids[1]=99999" in out.error
     loop.apply(AddRequest(Req("ok", [1, 2], SamplingParams(max_new_tokens=2))))
     loop.apply(AddRequest(Req("ok", [1, 2], SamplingParams(max_new_tokens=2))))  # a duplicate id
-    assert delivered[-1].error_code == 400 and "already in use" in delivered[-1].error
+    assert delivered[-1].error_kind == ErrorKind.INVALID_REQUEST and "already in use" in delivered[-1].error
     while sched.has_work:
         loop.deliver(sched.step())
     assert_idle_and_clean(sched)

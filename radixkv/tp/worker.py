@@ -1,4 +1,4 @@
-"""Tensor-parallel ranks 1..N-1: `python -m radixkv.parallel.worker` (started by rank 0).
+"""Tensor-parallel ranks 1..N-1: `python -m radixkv.tp.worker` (started by rank 0).
 
 A rank loads its shard of the model, builds a KV memory for its KV heads with the page count
 rank 0 chose, then serves rank 0's messages until `TPStop`: for each `TPForward` it replays rank
@@ -27,18 +27,12 @@ def serve_rank(rank: int, store: dist.Store, config, model_dir: Path, logger: lo
     from radixkv.mem.kv_memory import KVMemory
     from radixkv.model.config import ModelConfig
     from radixkv.model.cpu_runtime import choose_num_threads
-    from radixkv.model.runner import (
-        ModelRunner,
-        kv_layout,
-        load_rank_model,
-        rank_device,
-        rank_threads,
-        use_rank_device,
-    )
+    from radixkv.model.runner import ModelRunner, kv_layout, load_rank_model, rank_threads
+    from radixkv.parallel.devices import rank_device, use_rank_device
     from radixkv.parallel.group import TPGroup
-    from radixkv.parallel.journal import replay
-    from radixkv.parallel.messages import TP_CODEC, TPForward, TPStart, TPStop, batch_from_message
     from radixkv.parallel.shard import TPShard
+    from radixkv.tp.journal import replay
+    from radixkv.tp.messages import TP_CODEC, TPForward, TPStart, TPStop, batch_from_message
 
     choose_num_threads(rank_threads(config))
     device = rank_device(config, rank)
@@ -88,7 +82,7 @@ def watch_parent(parent_pid: int, interval_s: float = 1.0) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m radixkv.parallel.worker",
+    parser = argparse.ArgumentParser(prog="python -m radixkv.tp.worker",
                                      description="A tensor-parallel rank > 0 (started by rank 0, not by hand).")
     parser.add_argument("--rank", type=int, required=True, help="this process's rank (1..tp_size-1)")
     parser.add_argument("--store-port", type=int, required=True, help="rank 0's TCPStore port on 127.0.0.1")

@@ -1,34 +1,9 @@
-"""What the scheduler reports: per-request outputs and running statistics."""
+"""SchedulerStats: the scheduler's running counters (`get_stats`, `/metrics`)."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from typing import Any
-
-
-@dataclass(frozen=True, slots=True)
-class ReqOutput:
-    """A request's state after a step: the tokens it produced since its previous output, and
-    why it finished. `error` is set (with an HTTP-style `error_code`: 400 the request is bad,
-    500 the runtime failed) when it ended without a result."""
-
-    rid: str
-    new_ids: list[int]
-    finished: bool
-    finish_reason: dict[str, Any] | None
-    prompt_tokens: int
-    cached_tokens: int
-    completion_tokens: int
-    ttft: float | None = None  # seconds from arrival to first token
-    latency: float | None = None  # seconds from arrival to finish
-    error: str | None = None
-    error_code: int = 0
-    # with return_logprob: the new output tokens' log-probs (and top alternatives, [[lp, id], ...]
-    # per token); the prompt's [[lp, id], ...] from logprob_start_len, once, when prefilled
-    output_logprobs: list[float] | None = None
-    output_top_logprobs: list[list[list]] | None = None
-    input_logprobs: list[list] | None = None
-    input_top_logprobs: list[list[list] | None] | None = None
 
 
 @dataclass

@@ -31,9 +31,10 @@ from radixkv.attention.forward_batch import ForwardBatch
 from radixkv.config import EngineConfig
 from radixkv.errors import TensorParallelError
 from radixkv.mem.kv_memory import KVMemory
+from radixkv.parallel.devices import rank_device
 from radixkv.parallel.group import SEND_TIMEOUT, TPGroup
-from radixkv.parallel.journal import KVJournal
-from radixkv.parallel.messages import TP_CODEC, TPStart, TPStop, forward_message
+from radixkv.tp.journal import KVJournal
+from radixkv.tp.messages import TP_CODEC, TPStart, TPStop, forward_message
 
 logger = logging.getLogger(__name__)
 
@@ -68,11 +69,9 @@ class TPWorkers:
     @classmethod
     def launch(cls, config: EngineConfig, model_dir: Path) -> TPWorkers:
         """Start ranks 1..N-1 and join the process groups with them (rank 0 is this process)."""
-        from radixkv.model.runner import rank_device
-
         store = dist.TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=60), wait_for_workers=False)
         spec = json.dumps(asdict(config))
-        procs = [subprocess.Popen([sys.executable, "-m", "radixkv.parallel.worker", "--rank", str(rank),
+        procs = [subprocess.Popen([sys.executable, "-m", "radixkv.tp.worker", "--rank", str(rank),
                                    "--store-port", str(store.port), "--parent-pid", str(os.getpid()),
                                    "--model-dir", str(model_dir), "--config", spec])
                  for rank in range(1, config.tp_size)]

@@ -1,0 +1,68 @@
+"""Control and introspection: GET /health, /server_info, /metrics; POST /flush_cache."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from radixkv.errors import RadixKVError
+from radixkv.server.http_common import HTTPError, error_response
+from radixkv.server.tokenizer_manager import TokenizerManager
+from radixkv.version import __version__
+
+router = APIRouter()
+POOL_FIELDS = ("total_tokens", "free_tokens", "used_tokens", "evictable_tokens", "protected_tokens",
+               "cached_tokens_in_tree", "token_usage")
+
+
+@router.get("/health")
+async def health(request: Request):
+    """200 while every process is up and the server takes requests, else 503 (a router takes
+    it out)."""
+    manager: TokenizerManager = request.app.state.manager
+    reason = manager.dead or manager.draining
+    if reason is not None:
+        return error_response(503, reason, "service_unavailable")
+    return {"status": "ok"}
+
+
+def chat_roles(request: Request) -> dict[str, Any] | None:
+    """The chat template's role segments (for frontends that render turn by turn), computed once."""
+    state = request.app.state
+    if not hasattr(state, "chat_roles"):
+        try:
+            state.chat_roles = state.manager.tokenizer.chat_roles().to_dict()
+        except RadixKVError:
+            state.chat_roles = None
+    return state.chat_roles
+
+
+@router.get("/server_info")
+async def server_info(request: Request):
+    """Model, KV pool (free / evictable / protected tokens), requests, processes, config, stats."""
+    state = request.app.state
+    stats = await state.manager.control("stats")
+    return {**state.manager.info, "version": __version__, "model_name": state.settings.model_name,
+            "chat_roles": chat_roles(request), "processes": {"http": os.getpid(), **state.child_pids},
+            "ipc_directory": state.ipc_directory, "kv_pool": {k: stats[k] for k in POOL_FIELDS},
+            "requests": {"running": stats["running_requests"], "waiting": stats["waiting_requests"]},
+            "stats": stats}
+
+
+@router.post("/flush_cache")
+async def flush_cache(request: Request):
+    """Empty the prefix cache (409 while requests are in flight)."""
+    if not (await request.app.state.manager.control("flush_cache"))["flushed"]:
+        raise HTTPError(409, "the cache was not flushed: requests are in flight (retry when idle)", "conflict")
+    return {"flushed": True}
+
+
+@router.get("/metrics")
+async def metrics(request: Request):
+    """Prometheus text: hit rate, token counters, queues, KV usage, TTFT, latency."""
+    state = request.app.state
+    body = state.metrics.render(await state.manager.control("stats"))
+    return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")

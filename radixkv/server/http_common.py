@@ -1,0 +1,224 @@
+"""What every HTTP endpoint shares, written once: the settings, reading a JSON body within its
+limits, the error format and how typed errors map to HTTP statuses, server-sent events (with
+the one error tail a stream ends with), and leaving when the client does.
+
+Every error is `{"error": {"message", "type", "code"}}` with a 4xx/5xx status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections.abc import AsyncIterator, Awaitable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, ValidationError
+
+from radixkv.errors import ErrorKind, RadixKVError, kind_of_error
+
+DEFAULT_MAX_BODY_BYTES = 8 << 20
+DEFAULT_SHUTDOWN_TIMEOUT = 30.0
+STATUS_OF = {ErrorKind.INVALID_REQUEST: 400, ErrorKind.INTERNAL: 500, ErrorKind.UNAVAILABLE: 503}
+TYPE_OF = {ErrorKind.INVALID_REQUEST: "invalid_request_error", ErrorKind.INTERNAL: "internal_error",
+           ErrorKind.UNAVAILABLE: "service_unavailable"}
+SSE_DONE = b"data: [DONE]\n\n"
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """What the HTTP front needs beyond the runtime: its names, keys and limits."""
+
+    model_name: str  # what /v1/models lists and OpenAI requests must name
+    api_keys: tuple[str, ...] = ()  # each a principal; none: every client is the same one
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT  # seconds a SIGTERM waits for requests in flight
+
+    @property
+    def api_key(self) -> str | None:
+        """The first key (the one the router sends), or None."""
+        return self.api_keys[0] if self.api_keys else None
+
+
+class HTTPError(RadixKVError):
+    """An error that is an HTTP answer of its own (404, 409, 413, ...)."""
+
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error"):
+        super().__init__(message)
+        self.status, self.kind = status, kind
+
+
+class ClientDisconnected(Exception):
+    """The client went away before its answer was ready (the work for it was cancelled)."""
+
+
+def error_body(status: int, message: str, kind: str) -> dict[str, Any]:
+    return {"error": {"message": message, "type": kind, "code": status}}
+
+
+def error_response(status: int, message: str, kind: str) -> JSONResponse:
+    return JSONResponse(error_body(status, message, kind), status_code=status)
+
+
+def error_of(e: BaseException) -> tuple[int, str, str]:
+    """(status, message, type) of an exception: the core's typed errors mapped at this edge."""
+    if isinstance(e, HTTPError):
+        return e.status, str(e), e.kind
+    if isinstance(e, ValidationError):
+        return 400, validation_message(e), "invalid_request_error"
+    if isinstance(e, RadixKVError):
+        kind = kind_of_error(e)
+        return STATUS_OF[kind], str(e), TYPE_OF[kind]
+    return 500, f"internal error: {type(e).__name__}: {e}", "internal_error"
+
+
+def validation_message(e: ValidationError) -> str:
+    """pydantic's errors as one line a user can act on: which field, what is wrong."""
+    parts = []
+    for err in e.errors()[:5]:
+        where = ".".join(str(p) for p in err["loc"]) or "body"
+        if err["type"] == "extra_forbidden":
+            parts.append(f"unknown field {where!r}")
+        elif err["type"] == "missing":
+            parts.append(f"missing field {where!r}")
+        else:
+            parts.append(f"{where}: {err['msg']}")
+    more = f" (and {len(e.errors()) - 5} more)" if len(e.errors()) > 5 else ""
+    return "; ".join(dict.fromkeys(parts)) + more
+
+
+# -- request bodies --------------------------------------------------------------------------------
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+async def json_body(request: Request) -> dict[str, Any]:
+    """The request's JSON object; 413 past the size limit, 400 when malformed, nested too deeply,
+    or holding text that is not Unicode (a lone UTF-16 surrogate)."""
+    limit = request.app.state.settings.max_body_bytes
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise HTTPError(413, f"request body of {declared} bytes exceeds the limit of {limit} bytes (--max-body-bytes)")
+    body = bytearray()
+    async for piece in request.stream():
+        body += piece
+        if len(body) > limit:
+            raise HTTPError(413, f"request body exceeds the limit of {limit} bytes (--max-body-bytes)")
+    try:
+        data = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise HTTPError(400, f"malformed JSON body: {e}") from None
+    except RecursionError:
+        raise HTTPError(400, "malformed JSON body: nested too deeply") from None
+    if not isinstance(data, dict):
+        raise HTTPError(400, f"the body must be a JSON object, got {type(data).__name__}")
+    if _SURROGATE_ESCAPE.search(body):  # only then can a string hold a lone surrogate
+        _check_unicode(data, "")
+    return data
+
+
+def _check_unicode(value: Any, where: str) -> None:
+    """400 naming the field of the first string that cannot be UTF-8 (a lone surrogate)."""
+    stack = [(value, where)]
+    while stack:
+        item, path = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise HTTPError(400, f"{path or 'body'}: holds {item[e.start]!r} at character {e.start}, a lone "
+                                     f"UTF-16 surrogate that is not text; send valid Unicode") from None
+        elif isinstance(item, dict):
+            stack.extend((v, f"{path}.{k}" if path else str(k)) for k, v in item.items())
+            stack.extend((k, f"{path}.<key>" if path else "<key>") for k in item)
+        elif isinstance(item, list):
+            stack.extend((v, f"{path}[{i}]") for i, v in enumerate(item))
+
+
+async def parse(request: Request, model: type[T]) -> T:
+    """The JSON body validated as `model` (a pydantic model that forbids unknown fields)."""
+    return model.model_validate(await json_body(request))
+
+
+BODY_MODELS: dict[str, type[BaseModel]] = {}
+"""The request models the OpenAPI document publishes (`radixkv.server.http_app`)."""
+
+
+def request_body(model: type[BaseModel]) -> dict[str, Any]:
+    """`openapi_extra` for a route that reads `model` from its JSON body: the published document
+    describes the body the route really takes (the route parses it itself, see `parse`)."""
+    BODY_MODELS[model.__name__] = model
+    return {"requestBody": {"required": True, "content": {"application/json": {
+        "schema": {"$ref": f"#/components/schemas/{model.__name__}"}}}}}
+
+
+def principal(request: Request) -> str:
+    """Who is asking: the API key they authenticated with (`ApiKeyMiddleware`), or '' when the
+    server takes no key. Client-chosen request ids are scoped to it."""
+    return getattr(request.state, "principal", "")
+
+
+# -- leaving with the client ---------------------------------------------------------------------
+async def until_disconnected(request: Request, work: Awaitable[T]) -> T:
+    """`work`'s result, or `ClientDisconnected` once the client has gone (the work is cancelled,
+    which aborts its requests)."""
+    task = asyncio.ensure_future(work)
+
+    async def gone() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watcher = asyncio.ensure_future(gone())
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    finally:
+        watcher.cancel()
+    if not task.done():
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        raise ClientDisconnected()
+    return task.result()
+
+
+async def first_then_rest(request: Request, items: AsyncIterator[T]) -> tuple[T | None, AsyncIterator[T]]:
+    """The first item of `items` (waiting for it while watching the client), and an iterator
+    over all of them from the first. Awaiting the first before a response starts lets an error
+    that comes with it be answered with its HTTP status instead of inside a 200 stream."""
+    try:
+        first = await until_disconnected(request, items.__anext__())
+    except StopAsyncIteration:
+        first = None
+
+    async def all_items() -> AsyncIterator[T]:
+        if first is not None:
+            yield first
+            async for item in items:
+                yield item
+
+    return first, all_items()
+
+
+# -- server-sent events ----------------------------------------------------------------------------
+def sse(obj: Any) -> bytes:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n".encode()
+
+
+async def event_stream(events: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:
+    """`events` as server-sent events, then `[DONE]`. A typed error raised mid-stream ends it
+    with an error event first: the one way every stream of this server fails."""
+    try:
+        async for event in events:
+            yield sse(event)
+    except RadixKVError as e:
+        yield sse(error_body(*error_of(e)))
+    yield SSE_DONE
+
+
+def streaming_response(events: AsyncIterator[dict[str, Any]]) -> StreamingResponse:
+    return StreamingResponse(event_stream(events), media_type="text/event-stream")

@@ -1,0 +1,34 @@
+"""The layer order (README, "Layout") holds: `lint-imports` checks the contracts in
+pyproject.toml (an import only points down; no circle between the modules of any package).
+
+import-linter reads the package from where it is installed, and `kernels/` and `frontend/`
+install inside radixkv (as radixkv.kernels and radixkv.frontend), so the check runs over a copy
+of the package laid out as it installs."""
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def installed_layout(dest: Path) -> Path:
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    shutil.copytree(ROOT / "radixkv", dest / "radixkv", ignore=ignore)
+    shutil.copytree(ROOT / "kernels", dest / "radixkv" / "kernels", ignore=ignore)
+    shutil.copytree(ROOT / "frontend", dest / "radixkv" / "frontend", ignore=ignore)
+    return dest
+
+
+def test_import_contracts_are_kept(tmp_path):
+    pytest.importorskip("importlinter")
+    site = installed_layout(tmp_path / "site")
+    lint = Path(sys.executable).with_name("lint-imports")
+    done = subprocess.run([str(lint), str(ROOT / "pyproject.toml"), "--no-cache"],
+                          cwd=tmp_path, env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"},
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
+    assert "Contracts: 2 kept, 0 broken." in done.stdout, done.stdout
