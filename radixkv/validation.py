@@ -45,6 +45,9 @@ def check_request(input_ids: list[int], params: SamplingParams, limits: RequestL
         raise InvalidRequestError(
             f"prompt of {len(input_ids)} tokens + max_new_tokens={params.max_new_tokens} needs more "
             f"KV than the whole pool holds ({limits.pool_tokens} tokens)")
+    if params.top_k > vocab:
+        raise InvalidRequestError(f"sampling_params.top_k={params.top_k}: must be at most the vocabulary size "
+                                  f"{vocab} (or -1: every token)")
     for i, t in enumerate(params.stop_token_ids):
         if t >= vocab:
             raise InvalidRequestError(f"sampling_params.stop_token_ids[{i}]={t} is not a token id in [0, {vocab})")

