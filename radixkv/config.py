@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from radixkv.errors import ConfigError
-from radixkv.kv_bytes import KV_CACHE_DTYPES, parse_host_size
+from radixkv.kv_bytes import KV_CACHE_DTYPES, parse_host_size, parse_size
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 SCHEDULE_POLICIES = ("lpm", "fcfs", "dfs-weight")
@@ -74,6 +74,12 @@ class EngineConfig:
     starvation_limit: int = _opt(32, "lpm: a request passed over this many times is admitted first")
     retract_decode_steps: int = _opt(32, "decode steps of KV headroom kept per running request "
                                      "when admitting new ones")
+    grammar_compile_timeout: float = _opt(10.0, "seconds one grammar (regex, JSON schema, EBNF) may take to "
+                                          "compile, in a process apart from the scheduler; over it the "
+                                          "request is refused (HTTP 400)")
+    grammar_compile_memory: str = _opt("2GiB", "memory one grammar's compile may take beyond the compiler "
+                                       "process's own (e.g. 2GiB, 512MB; 0: no limit); over it the request "
+                                       "is refused (HTTP 400)")
     random_seed: int = _opt(0, "seed of the shared sampling generator (requests may carry their own)")
     log_level: str = _opt("info", "debug, info, warning or error (debug also checks cache "
                           "invariants after every step)")
@@ -119,6 +125,13 @@ class EngineConfig:
         check(self.starvation_limit >= 1, "starvation_limit", "must be >= 1")
         check(self.retract_decode_steps >= 1, "retract_decode_steps", "must be >= 1")
         check(self.log_level in LOG_LEVELS, "log_level", f"must be one of {LOG_LEVELS}")
+        check(isinstance(self.grammar_compile_timeout, (int, float)) and 0 < self.grammar_compile_timeout <= 3600,
+              "grammar_compile_timeout", "must be in (0, 3600] seconds")
+        try:
+            parse_size(str(self.grammar_compile_memory))
+        except ConfigError:
+            raise ConfigError(f"grammar_compile_memory={self.grammar_compile_memory!r}: give bytes with a unit "
+                              f"(e.g. 2GiB, 512MB), or 0 for no limit") from None
 
     # -- resolved values -------------------------------------------------------------------------
     @property
@@ -133,6 +146,10 @@ class EngineConfig:
             # bf16 matmuls are slow on CPUs without AVX-512/AMX; fp32 is the CPU default
             return torch.bfloat16 if self.torch_device.type == "cuda" else torch.float32
         return DTYPES[self.dtype]
+
+    @property
+    def grammar_compile_memory_bytes(self) -> int:
+        return parse_size(str(self.grammar_compile_memory))
 
     @property
     def attention_backend_name(self) -> str:

@@ -202,7 +202,7 @@ class Engine:
             self._inbox.put(Stop())
             while self._loop.run_once(self._inbox) is not None:
                 pass
-        self.runner.close()  # the other tensor-parallel ranks, if any
+        self.scheduler.close()  # the grammar compiler and the other tensor-parallel ranks, if any
         del self.scheduler, self.runner, self._loop
 
     def __enter__(self) -> Engine:

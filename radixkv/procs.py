@@ -50,3 +50,16 @@ def _exit_on_sigterm(signum, frame) -> None:
 
 def parent_alive(parent_pid: int) -> bool:
     return os.getppid() == parent_pid
+
+
+def watch_parent(parent_pid: int, interval_s: float = 1.0) -> None:
+    """Exit this process at once when `parent_pid` is no longer its parent (it died)."""
+    import threading
+    import time
+
+    def watch() -> None:
+        while parent_alive(parent_pid):
+            time.sleep(interval_s)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()

@@ -13,6 +13,12 @@ MAX_TOP_LOGPROBS = 20
 SEED_MIN, SEED_MAX = -(1 << 63), (1 << 64) - 1  # what a torch generator takes
 
 
+def shown(value: Any, limit: int = 80) -> str:
+    """`value` as a message quotes it: its repr, cut short when long."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """Per-request sampling and stopping (the SGLang / OpenAI meanings).
@@ -50,7 +56,7 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         def bad(name: str, why: str) -> InvalidRequestError:
-            return InvalidRequestError(f"sampling_params.{name}={getattr(self, name)!r}: {why}")
+            return InvalidRequestError(f"sampling_params.{name}={shown(getattr(self, name))}: {why}")
 
         for name in ("stop", "stop_token_ids"):
             if not isinstance(getattr(self, name), (tuple, list)):

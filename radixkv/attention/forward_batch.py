@@ -49,12 +49,13 @@ class ForwardBatch:
         prefix_lens: list[int],
         out_cache_loc: list[int] | torch.Tensor,
         device: torch.device | str = "cpu",
-        logits: str = "last",
+        logits: str | list[int] = "last",
     ) -> ForwardBatch:
         """Build from Python lists: `token_ids[b]` are request b's new tokens, which start at
         position `prefix_lens[b]` and are stored at `out_cache_loc` (flattened in the same order).
 
-        `logits`: "last" (each request's last new token; what generation needs) or "all".
+        `logits`: "last" (each request's last new token; what generation needs), "all", or the
+        rows of the flattened tokens themselves. Every index goes to the device in one copy.
         """
         if not (len(token_ids) == len(req_rows) == len(prefix_lens)) or not token_ids:
             raise ValueError("token_ids, req_rows and prefix_lens must be equally long, non-empty")
@@ -73,29 +74,31 @@ class ForwardBatch:
             index = [s + n - 1 for s, n in zip(starts, extend_lens)]
         elif logits == "all":
             index = list(range(acc))
+        elif isinstance(logits, list):
+            index = logits
         else:
-            raise ValueError(f"logits must be 'last' or 'all', got {logits!r}")
+            raise ValueError(f"logits must be 'last', 'all' or a list of rows, got {logits!r}")
         seq_lens = [pre + n for pre, n in zip(prefix_lens, extend_lens)]
-
-        def i64(x):
-            return torch.as_tensor(x, dtype=torch.int64).to(device)
-
-        def i32(x):
-            return torch.as_tensor(x, dtype=torch.int32).to(device)
-
-        loc = i64(out_cache_loc)
-        if loc.shape[0] != acc:
-            raise ValueError(f"{loc.shape[0]} KV slots given for {acc} new tokens")
+        loc = out_cache_loc.tolist() if isinstance(out_cache_loc, torch.Tensor) else out_cache_loc
+        if len(loc) != acc:
+            raise ValueError(f"{len(loc)} KV slots given for {acc} new tokens")
+        parts = (flat, positions, req_rows, seq_lens, prefix_lens, starts, loc, index)
+        host = torch.tensor([v for part in parts for v in part], dtype=torch.int64)  # every index, one buffer
+        device = torch.device(device)
+        if device.type == "cuda":
+            host = host.pin_memory()
+        ids, pos, rows, lens, prefix, start_loc, slots, logit_rows = host.to(device, non_blocking=True).split(
+            [len(p) for p in parts])
         return cls(
             mode=mode,
-            input_ids=i64(flat),
-            positions=i64(positions),
-            req_pool_indices=i64(req_rows),
-            seq_lens=i32(seq_lens),
-            prefix_lens=i32(prefix_lens),
-            extend_start_loc=i32(starts),
-            out_cache_loc=loc,
-            logits_index=i64(index),
+            input_ids=ids,
+            positions=pos,
+            req_pool_indices=rows,
+            seq_lens=lens.to(torch.int32),
+            prefix_lens=prefix.to(torch.int32),
+            extend_start_loc=start_loc.to(torch.int32),
+            out_cache_loc=slots,
+            logits_index=logit_rows,
             max_extend_len=max(extend_lens),
             max_seq_len=max(seq_lens),
         )

@@ -1,58 +1,72 @@
-"""ScheduledBatch: the requests of one forward, the new tokens of each, and which sample."""
+"""ScheduledBatch: the rows of one forward, and which logits rows belong to which request.
+
+The layout is computed once, here: per request in order, the rows scoring its prompt tokens
+(when it asked for prompt log-probs) and then, if this forward ends its pending tokens, the row
+it samples from. The forward returns exactly those rows; post-processing reads them by this
+layout.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
 from radixkv.attention import ForwardBatch, ForwardMode
+from radixkv.sched.kv import BatchRow
+from radixkv.sched.logprobs import prompt_rows
 from radixkv.sched.request import Req
 
 
-@dataclass
+@dataclass(slots=True)
+class RowLayout:
+    """Where one request's logits are: `prompt` rows (scoring prompt tokens `positions`), and
+    its `sample` row (None when this forward does not end its pending tokens)."""
+
+    prompt: list[int]
+    positions: list[int]  # prompt positions whose logits `prompt` holds (they score position + 1)
+    sample: int | None
+
+
+@dataclass(slots=True)
 class ScheduledBatch:
     """One forward: decode rows (one token each) first, then prefill chunks."""
 
-    mode: ForwardMode
-    reqs: list[Req]
-    new_tokens: list[list[int]]  # per request, the tokens this forward runs
-    samples: list[bool]  # per request, whether its last position yields a new token
-    num_decode: int  # reqs[:num_decode] are decode rows, the rest prefill chunks
+    rows: list[BatchRow]
+    num_decode: int
     forward: ForwardBatch
-    prompt_rows: list[list[int]]  # per request, offsets of its new tokens scoring prompt log-probs
-    starts: list[int]  # per request, the position of its first new token
+    layout: list[RowLayout]  # per row, in order
+
+    @property
+    def reqs(self) -> list[Req]:
+        return [row.req for row in self.rows]
 
     @property
     def num_prefill_tokens(self) -> int:
-        return sum(len(t) for t in self.new_tokens[self.num_decode:])
+        return sum(len(row.tokens) for row in self.rows[self.num_decode:])
+
+    @property
+    def all_samples(self) -> bool:
+        """Every logits row is a sample row (no prompt log-probs in this forward)."""
+        return all(not lay.prompt for lay in self.layout)
 
     @classmethod
-    def build(
-        cls,
-        mode: ForwardMode,
-        reqs: list[Req],
-        starts: list[int],
-        new_tokens: list[list[int]],
-        slots: list[int],
-        samples: list[bool],
-        num_decode: int,
-        device: torch.device,
-        prompt_rows: list[list[int]] | None = None,
-    ) -> ScheduledBatch:
-        """`starts[b]`: position of request b's first new token (its KV length before).
-
-        Logits come back for, per request in order, its `prompt_rows` then (if it samples) its
-        last new token; mid-prefill chunks that need neither get none."""
-        prompt_rows = prompt_rows or [[] for _ in reqs]
-        fb = ForwardBatch.build(mode, new_tokens, [r.row for r in reqs], starts, slots,
-                                device=device, logits="last")
-        index, offset = [], 0
-        for toks, rows, sample in zip(new_tokens, prompt_rows, samples):
-            index.extend(offset + r for r in rows)
-            if sample:
-                index.append(offset + len(toks) - 1)
-            offset += len(toks)
-        if index != fb.logits_index.tolist():
-            fb = replace(fb, logits_index=torch.tensor(index, dtype=torch.int64).to(fb.logits_index.device))
-        return cls(mode, reqs, new_tokens, samples, num_decode, fb, prompt_rows, list(starts))
+    def build(cls, rows: list[BatchRow], num_decode: int, device: torch.device) -> ScheduledBatch:
+        layout, index, offset, n = [], [], 0, 0
+        for b, row in enumerate(rows):
+            req = row.req
+            scored = [] if b < num_decode else prompt_rows(req.logprob, len(req.prompt_ids), row.start, len(row.tokens))
+            index.extend(offset + r for r in scored)
+            prompt = list(range(n, n + len(scored)))
+            n += len(scored)
+            sample = None
+            if row.samples:
+                index.append(offset + len(row.tokens) - 1)
+                sample, n = n, n + 1
+            layout.append(RowLayout(prompt, [row.start + r for r in scored], sample))
+            offset += len(row.tokens)
+        mode = ForwardMode.DECODE if all(len(row.tokens) == 1 for row in rows) else ForwardMode.EXTEND
+        forward = ForwardBatch.build(mode, [row.tokens for row in rows], [row.req.row for row in rows],
+                                     [row.start for row in rows], [s for row in rows for s in row.slots],
+                                     device=device, logits=index)
+        return cls(rows, num_decode, forward, layout)

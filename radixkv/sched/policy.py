@@ -58,13 +58,14 @@ class SchedulePolicy:
         return self.name in ("lpm", "dfs-weight") and not isinstance(self.cache, NoCache)
 
     def order(self, waiting: Sequence[Req]) -> list[Req]:
-        """Waiting requests in admission order; sets `req.match_len` when cache-aware."""
+        """Waiting requests in admission order. When cache-aware it peeks at each request's
+        cached prefix, once: `req.peeked` (which admission uses this step) and `req.match_len`."""
         if not self.cache_aware:
             return list(waiting)
         matches = {}
         for req in waiting:
-            m = self.cache.match_prefix(match_key(req), req.namespace, record_hit=False)
-            req.match_len = m.num_tokens
+            m = self.cache.peek(match_key(req), req.namespace)
+            req.peeked, req.match_len = m, m.num_tokens
             matches[req.rid] = m.last_node
         starved = [r for r in waiting if r.passed_over >= self.starvation_limit]
         rest = [r for r in waiting if r.passed_over < self.starvation_limit]

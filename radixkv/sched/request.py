@@ -19,7 +19,9 @@ from typing import Any
 
 import torch
 
+from radixkv.errors import ErrorKind
 from radixkv.mem import SeqPages
+from radixkv.outputs import ReqOutput
 from radixkv.sampling_params import LogprobParams, SamplingParams
 from radixkv.sched.logprobs import LogprobState
 
@@ -56,6 +58,7 @@ class Req:
     first_token_time: float | None = None
     finish_time: float | None = None
     match_len: int = 0  # scratch: prefix length found by the scheduling policy this round
+    peeked: Any = None  # scratch: the policy's look at the cached prefix (a MatchResult), this step only
     logprobs: LogprobState = field(default_factory=LogprobState)
     grammar: Any = None  # RequestGrammar: where the output stands in its grammar (constrained decoding)
 
@@ -86,6 +89,31 @@ class Req:
     @property
     def remaining_new_tokens(self) -> int:
         return self.params.max_new_tokens - len(self.output_ids)
+
+    def take_output(self, error: str | None = None, error_kind: ErrorKind | None = None) -> ReqOutput:
+        """What this request produced since its last output (new tokens only) and where it stands."""
+        first = self.sent_tokens
+        self.sent_tokens = len(self.output_ids)
+        lp, asked = self.logprobs, self.logprob
+        out_lp = out_top = in_lp = in_top = None
+        if asked.return_logprob:
+            out_lp = lp.output[first:]
+            out_top = lp.output_top[first:] if asked.top_n else None
+            done = bool(self.output_ids) or self.status is ReqStatus.FINISHED
+            if asked.wants_prompt and not lp.prompt_sent and done:
+                lp.prompt_sent = True
+                span = range(asked.start, len(self.prompt_ids))
+                in_lp = [[lp.prompt.get(p, (None, None))[0], self.prompt_ids[p]] for p in span]
+                if asked.top_n:
+                    in_top = [lp.prompt.get(p, (None, None))[1] for p in span]
+        return ReqOutput(
+            rid=self.rid, new_ids=self.output_ids[first:], finished=self.status is ReqStatus.FINISHED,
+            finish_reason=self.finish_reason, prompt_tokens=len(self.prompt_ids), cached_tokens=self.cached_tokens,
+            completion_tokens=len(self.output_ids),
+            ttft=None if self.first_token_time is None else self.first_token_time - self.arrival_time,
+            latency=None if self.finish_time is None else self.finish_time - self.arrival_time,
+            error=error, error_kind=error_kind, output_logprobs=out_lp, output_top_logprobs=out_top,
+            input_logprobs=in_lp, input_top_logprobs=in_top)
 
     def check(self) -> None:
         assert 0 <= self.kv_len <= self.seq_len, (self.rid, self.kv_len, self.seq_len)

@@ -155,7 +155,7 @@ def run_scheduler_process(config: EngineConfig, endpoints: Endpoints, parent_pid
             logger.error("stopping: %s", scheduler.runner.workers.failed)
             sys.exit(1)
     finally:
-        scheduler.runner.close()  # the other tensor-parallel ranks, if any
+        scheduler.close()  # the grammar compiler and the other tensor-parallel ranks, if any
         for sock in (inbox_socket, to_detokenizer, to_tokenizer):
             sock.close(linger=500)
         ctx.term()

@@ -65,22 +65,6 @@ def serve_rank(rank: int, store: dist.Store, config, model_dir: Path, logger: lo
         runner.forward(batch_from_message(msg, device))  # the logits are rank 0's
 
 
-def watch_parent(parent_pid: int, interval_s: float = 1.0) -> None:
-    """Exit this process at once when `parent_pid` is no longer its parent (it died)."""
-    import os
-    import threading
-    import time
-
-    from radixkv.procs import parent_alive
-
-    def watch() -> None:
-        while parent_alive(parent_pid):
-            time.sleep(interval_s)
-        os._exit(1)
-
-    threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m radixkv.tp.worker",
                                      description="A tensor-parallel rank > 0 (started by rank 0, not by hand).")
@@ -92,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from radixkv.config import EngineConfig
-    from radixkv.procs import become_child
+    from radixkv.procs import become_child, watch_parent
 
     config = EngineConfig(**json.loads(args.config))
     logger = become_child(args.parent_pid, config.log_level, f"tp-rank{args.rank}", death_signal=False)

@@ -41,6 +41,27 @@ def test_bad_grammars_get_400_naming_the_field(server, params, named):
         assert c.get("/health").status_code == 200
 
 
+RECURSIVE_REQUIRED = {"$defs": {"n": {"type": "object", "properties": {"c": {"$ref": "#/$defs/n"}}, "required": ["c"]}},
+                      "$ref": "#/$defs/n"}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_schema_no_output_can_satisfy_is_a_400_and_the_server_lives(server, client, stream):
+    """The hostile-input probe's schema grew the scheduler to 15 GB until the kernel killed it."""
+    with server.client() as c:
+        r = c.post("/generate", json={"text": "Hi", "stream": stream, "sampling_params": {
+            "max_new_tokens": 8, "json_schema": RECURSIVE_REQUIRED}})
+        assert r.status_code == 400, r.text  # a stream too: its first output is awaited before the 200
+        assert "sampling_params.json_schema: no output can satisfy it" in r.json()["error"]["message"]
+    with pytest.raises(openai.BadRequestError, match="no output can satisfy it"):
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=4,
+                                       stream=stream, response_format={"type": "json_schema", "json_schema": {
+                                           "name": "loop", "schema": RECURSIVE_REQUIRED}})
+    server.wait_idle()
+    with server.client() as c:
+        assert c.get("/health").status_code == 200
+
+
 def test_openai_response_format_json_schema_and_json_object(client):
     full = client.chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": "Where is the Eiffel Tower? Answer in JSON."}],

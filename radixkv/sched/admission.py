@@ -1,0 +1,127 @@
+"""Admission: which requests run in the next forward, and how many tokens each.
+
+Decode rows come first (running requests never stall behind a long prompt): one token for every
+decoding request, retracting the latest arrivals when memory runs out (their KV goes into the
+tree, they re-queue at the front). Then prefill chunks in the rest of the token budget: chunked
+prefills continue, then waiting requests are admitted in policy order until the budget, a row
+or memory runs out. After a retraction memory is short, so nothing new is admitted that step.
+Cache-aware policies also skip a request whose uncached prefix an earlier admission of the same
+batch is about to compute (it hits that prefix next step).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from dataclasses import dataclass
+
+from radixkv.config import EngineConfig
+from radixkv.sched.kv import BatchRow, RequestKV
+from radixkv.sched.policy import InBatchPrefixes, SchedulePolicy, match_key
+from radixkv.sched.request import Req, ReqStatus
+from radixkv.sched.stats import SchedulerStats
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class Schedule:
+    """What one forward runs: `rows[:num_decode]` decode one token each, the rest are prefill
+    chunks."""
+
+    rows: list[BatchRow]
+    num_decode: int
+
+
+class Admission:
+    """Builds each step's `Schedule` over the scheduler's `waiting` queue and `running` list."""
+
+    def __init__(self, config: EngineConfig, kv: RequestKV, policy: SchedulePolicy, stats: SchedulerStats,
+                 waiting: deque[Req], running: list[Req]):
+        self.config, self.kv, self.policy, self.stats = config, kv, policy, stats
+        self.waiting, self.running = waiting, running
+
+    def schedule(self) -> Schedule | None:
+        """The next forward's rows, or None when nothing can run."""
+        decode, retracted = self._decode_rows()
+        budget = max(1, self.config.max_prefill_tokens - len(decode))  # prefill always progresses
+        rows = decode + self._prefill_rows(budget, admit=not retracted)
+        while not rows and self.running:
+            # every running request is stuck mid-prefill for lack of pages: the latest yields
+            self.retract(max(self.running, key=lambda r: r.arrival_time))
+            rows = self._prefill_rows(self.config.max_prefill_tokens, admit=True)
+        return Schedule(rows, len(decode)) if rows else None
+
+    def retract(self, req: Req) -> None:
+        """Give `req`'s KV back (it goes into the tree) and queue it again, first."""
+        logger.info("retracting %s (%d tokens) to free KV pages", req.rid, req.kv_len)
+        self.kv.release(req)
+        self.running.remove(req)
+        req.status = ReqStatus.WAITING
+        req.retractions += 1
+        self.stats.retractions += 1
+        self.waiting.appendleft(req)
+
+    def _decode_rows(self) -> tuple[list[BatchRow], bool]:
+        """One new token for every decoding request, retracting some if memory runs out.
+
+        Returns the rows and whether anything was retracted."""
+        reqs = [r for r in self.running if r.is_decoding]
+        retracted = False
+        while reqs and not self.kv.reserve(sum(self.kv.pages_for(r, 1) for r in reqs)):
+            victim = max(reqs, key=lambda r: r.arrival_time)  # the latest to arrive yields
+            self.retract(victim)
+            reqs.remove(victim)
+            retracted = True
+        return [self.kv.grow(r, 1) for r in reqs], retracted
+
+    def _prefill_rows(self, budget: int, admit: bool) -> list[BatchRow]:
+        """Continue chunked prefills, then (if `admit`) admit waiting requests, within `budget`
+        new tokens."""
+        rows: list[BatchRow] = []
+        for req in [r for r in self.running if r.is_prefilling]:
+            n = min(self._chunk(req), budget)
+            if n <= 0 or not self.kv.reserve(self.kv.pages_for(req, n)):
+                return rows  # admitted prefills finish first
+            rows.append(self.kv.grow(req, n))
+            budget -= n
+        if admit and self.waiting and budget > 0:
+            rows += self._admit(budget)
+        return rows
+
+    def _admit(self, budget: int) -> list[BatchRow]:
+        """Admit waiting requests in policy order until the budget, a row or memory runs out."""
+        in_batch = InBatchPrefixes()
+        rows, admitted = [], set()
+        for req in self.policy.order(self.waiting):
+            if len(self.running) >= self.config.max_running_requests or budget <= 0:
+                break
+            key = match_key(req)
+            if self.policy.cache_aware and in_batch.shares(key, req.match_len):
+                continue  # computed once by an earlier request of this batch, then hit
+            chunk = min(budget, self.config.chunked_prefill_size or req.seq_len)
+            done = self.kv.admit(req, req.peeked, chunk, self.kv.headroom(self.running))
+            req.peeked = None  # a look is good for this step only
+            if done is None:
+                break
+            self.running.append(req)
+            if not req.admitted_once:
+                req.admitted_once = True
+                req.cached_tokens = min(done.cached_tokens, len(req.prompt_ids))
+                self.stats.record_admission(len(req.prompt_ids), req.cached_tokens,
+                                            min(done.host_tokens, req.cached_tokens))
+            admitted.add(req.rid)
+            in_batch.add(key)
+            rows.append(done.row)
+            budget -= len(done.row.tokens)
+        for req in list(self.waiting):
+            req.peeked = None
+            if req.rid in admitted:
+                self.waiting.remove(req)
+            else:
+                req.passed_over += 1
+        return rows
+
+    def _chunk(self, req: Req) -> int:
+        """Prompt tokens `req` computes next, at most the chunked-prefill size."""
+        return min(req.seq_len - req.kv_len, self.config.chunked_prefill_size or req.seq_len)

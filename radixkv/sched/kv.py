@@ -1,0 +1,171 @@
+"""RequestKV: a request's KV memory, from admission to release. The only place in the scheduler
+that touches the page allocator, the request table and the prefix cache.
+
+    admit(req, match)  load a host-tier continuation back, settle the match, lock it, reserve
+                       pages for the first chunk (+ decode headroom), take a table row
+    grow(req, n)       slots for the next n tokens (pages already reserved)
+    cache_chunk(req)   after an extend: the computed prompt goes into the tree (shared at once)
+    release(req)       the request's tokens go into the tree, its lock, pages and row back
+    rollback(req, n)   a forward failed: its n new slots never held KV
+
+Invariant (`check`): free + cached + in-flight pages == the pool, where in-flight pages are held
+by running requests and not by the tree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from radixkv.errors import CacheInvariantError
+from radixkv.mem import KVMemory, MatchResult, PrefixCache, pages_for_tokens
+from radixkv.sched.policy import match_key
+from radixkv.sched.request import Req, ReqStatus
+
+
+@dataclass(slots=True)
+class BatchRow:
+    """One request's part of a forward: its new `tokens` from position `start`, stored at `slots`."""
+
+    req: Req
+    start: int
+    tokens: list[int]
+    slots: list[int]
+
+    @property
+    def samples(self) -> bool:
+        """Whether this forward computes the request's next token (its last new token ends it)."""
+        return self.start + len(self.tokens) == self.req.seq_len
+
+
+@dataclass(frozen=True, slots=True)
+class Admitted:
+    """A request admitted with a cached prefix of `cached_tokens` (of which `host_tokens` came
+    back from the host tier), and the first chunk it runs."""
+
+    row: BatchRow
+    cached_tokens: int
+    host_tokens: int
+
+
+class RequestKV:
+    """The KV memory of the requests one scheduler runs (see the module docstring)."""
+
+    def __init__(self, memory: KVMemory, cache: PrefixCache, retract_decode_steps: int):
+        self.memory = memory
+        self.cache = cache
+        self.allocator = memory.allocator
+        self.req_table = memory.req_table
+        self.page_size = memory.page_size
+        self.horizon = retract_decode_steps
+
+    # -- admission -------------------------------------------------------------------------------
+    def peek(self, req: Req) -> MatchResult:
+        """The cached prefix `req` may reuse; changes nothing."""
+        return self.cache.peek(match_key(req), req.namespace)
+
+    def admit(self, req: Req, match: MatchResult | None, chunk: int, headroom_pages: int) -> Admitted | None:
+        """Lock `req`'s cached prefix (`match`, the policy's peek this step, or None) and give it
+        pages for its first chunk of at most `chunk` tokens, plus decode headroom, on top of
+        `headroom_pages` kept for the running requests; or change nothing and return None.
+
+        The chunk and `retract_decode_steps` tokens of headroom are reserved as one span, so
+        page rounding is counted once (as `validate` counts it). Evicts only when that makes
+        enough room."""
+        match = match if match is not None else self.peek(req)
+        host_tokens = 0
+        if match.host_tokens:  # copy the host tier's part back rather than recompute it
+            loaded = self.cache.load_back(match)
+            host_tokens, match = loaded.num_tokens - match.num_tokens, loaded
+        match = self.cache.settle(match)
+        self.cache.lock(match.last_node)
+        n = min(req.seq_len - match.num_tokens, chunk)
+        horizon = min(req.remaining_new_tokens, self.horizon)
+        need = pages_for_tokens(match.num_tokens + n + horizon, self.page_size) - len(match.pages)
+        if not self.reserve(need + headroom_pages):
+            self.cache.unlock(match.last_node)
+            return None
+        self.cache.record_use(match)  # now a real use: counts as a hit
+        req.seq = self.memory.sequence_from_prefix(match.pages, match.num_tokens)
+        req.status, req.last_node, req.kv_len = ReqStatus.RUNNING, match.last_node, match.num_tokens
+        req.row = self.req_table.alloc()
+        self.req_table.write(req.row, 0, req.seq.slots())
+        return Admitted(self.grow(req, n), match.num_tokens, host_tokens)
+
+    def headroom(self, running: list[Req]) -> int:
+        """Pages kept free for the next `retract_decode_steps` decode steps of `running`."""
+        return sum(r.seq.pages_needed(min(r.remaining_new_tokens, self.horizon)) for r in running)
+
+    def reserve(self, pages: int) -> bool:
+        """Make `pages` free, evicting unlocked cache leaves if needed; whether it worked.
+
+        Evicts nothing when even evicting everything evictable would not make enough room."""
+        short = pages - self.allocator.free_pages
+        if short <= 0:
+            return True
+        if short > self.cache.evictable_tokens // self.page_size:
+            return False
+        self.cache.evict(short * self.page_size)
+        return self.allocator.free_pages >= pages
+
+    # -- a running request -----------------------------------------------------------------------
+    def grow(self, req: Req, n: int) -> BatchRow:
+        """Slots for `req`'s next `n` tokens (their pages must be free)."""
+        start = req.kv_len
+        slots = req.seq.extend(n)
+        self.req_table.write(req.row, start, slots)
+        req.kv_len += n
+        return BatchRow(req, start, req.tokens(start, start + n), slots)
+
+    def pages_for(self, req: Req, n: int) -> int:
+        """Pages `grow(req, n)` would take."""
+        return req.seq.pages_needed(n)
+
+    def cache_chunk(self, req: Req) -> None:
+        """After an extend: cache what `req` computed so far; it reads the tree's pages from now."""
+        match = self.cache.cache_unfinished(req.seq_ids[: req.kv_len], req.seq, req.last_node, req.namespace)
+        req.last_node = match.last_node
+        self.req_table.write(req.row, 0, req.seq.slots(0, len(match.pages) * self.page_size))
+
+    def release(self, req: Req) -> None:
+        """Cache what `req` computed, unlock its path, return its pages and row."""
+        self.cache.cache_finished(req.seq_ids[: req.kv_len], req.seq, req.last_node, req.namespace)
+        self.req_table.free(req.row)
+        req.seq, req.row, req.last_node, req.kv_len = None, None, None, 0
+
+    def rollback(self, req: Req, n: int) -> None:
+        """Undo the last `n` slots `req` was given (their forward never ran)."""
+        req.kv_len -= n
+        req.seq.truncate(req.kv_len)
+
+    # -- control and checks ----------------------------------------------------------------------
+    def flush(self) -> None:
+        self.cache.reset()
+
+    def check(self, running: list[Req], waiting: list[Req], idle: bool) -> None:
+        """Pool, tree and requests agree: every page is free, cached or held by a running request.
+
+        Raises `CacheInvariantError` (never a bare assert, which `python -O` would drop)."""
+        cached = self.cache.cached_pages()
+        inflight = set()
+        try:
+            for req in running:
+                req.check()
+                inflight.update(p for p in req.seq.pages if p not in cached)
+            for req in waiting:
+                req.check()
+        except AssertionError as e:
+            raise CacheInvariantError(f"request state: {e}") from e
+        self.cache.check_invariants(inflight_pages=len(inflight))
+        if idle:
+            if self.cache.protected_tokens:
+                raise CacheInvariantError("a lock outlived its request")
+            if self.allocator.free_tokens + self.cache.evictable_tokens != self.allocator.total_tokens:
+                raise CacheInvariantError("idle, yet some pages are neither free nor evictable")
+
+    def stats(self) -> dict[str, int | float]:
+        a, cache = self.allocator, self.cache
+        return {"total_tokens": a.total_tokens, "free_tokens": a.free_tokens,
+                "used_tokens": a.total_tokens - a.free_tokens,
+                "token_usage": (a.total_tokens - a.free_tokens) / a.total_tokens,
+                "evictable_tokens": cache.evictable_tokens, "protected_tokens": cache.protected_tokens,
+                "cached_tokens_in_tree": cache.total_tokens, "evicted_tokens": cache.stats_evicted_tokens}
