@@ -2,8 +2,9 @@
 prefix is probably cached.
 
 Same API as one server: `POST /generate`, `/v1/chat/completions`, `/v1/completions` (streaming
-passed through byte for byte), `GET /v1/models`, `/health`, `/server_info`, `/metrics`,
-`POST /flush_cache` (every worker). The routing key is the prompt as the client sent it:
+passed through byte for byte), `POST /tokenize`, `/detokenize` (any worker: they share the
+model), `POST /abort_request` (the worker that has the request), `GET /v1/models`, `/health`,
+`/server_info`, `/metrics`, `POST /flush_cache` (every worker). The routing key is the prompt as the client sent it:
 `text` or `input_ids`, a completion's `prompt`, or a chat's messages (role and content, in
 order), so a conversation's next turn shares its key's prefix with the previous one.
 OpenAI's `prompt_cache_key` pins a conversation to a worker.
@@ -21,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import secrets
 import time
 from collections.abc import AsyncIterator, Hashable, Sequence
 from dataclasses import dataclass, field
@@ -34,6 +36,8 @@ from radixkv.routing import make_policy
 
 logger = logging.getLogger(__name__)
 ROUTED = ("/generate", "/v1/chat/completions", "/v1/completions")
+ANY_WORKER = ("/tokenize", "/detokenize")
+MAX_TRACKED_RIDS = 100_000
 
 
 @dataclass(frozen=True)
@@ -89,6 +93,7 @@ class Router:
         self.client = httpx.AsyncClient(headers=headers, timeout=httpx.Timeout(settings.request_timeout, connect=5),
                                         limits=httpx.Limits(max_connections=1024))
         self.retries = 0
+        self.rids: dict[str, int] = {}  # a client-named request in flight -> its worker
         self._health_task: asyncio.Task | None = None
 
     # -- health ----------------------------------------------------------------------------------
@@ -147,6 +152,7 @@ class Router:
     async def forward(self, path: str, body: dict[str, Any]) -> Response:
         key, pin = routing_key(path, body)
         stream = bool(body.get("stream"))
+        rids = client_rids(body) if path == "/generate" else []
         tried: set[int] = set()
         while True:
             i = self.choose(key, pin, tried)
@@ -157,6 +163,7 @@ class Router:
             w = self.workers[i]
             w.inflight += 1
             w.routed += 1
+            self._track(rids, i)
             try:
                 if stream:
                     req = self.client.build_request("POST", f"{w.url}{path}", json=body)
@@ -165,21 +172,66 @@ class Router:
                         await upstream.aclose()
                         raise httpx.HTTPStatusError(f"{upstream.status_code} from worker", request=req,
                                                     response=upstream)
-                    return StreamingResponse(self._relay(i, upstream), status_code=upstream.status_code,
+                    return StreamingResponse(self._relay(i, upstream, rids), status_code=upstream.status_code,
                                              media_type=upstream.headers.get("content-type", "text/event-stream"))
-                r = await self.client.post(f"{w.url}{path}", json=body)
+                try:
+                    r = await self.client.post(f"{w.url}{path}", json=body)
+                finally:
+                    w.inflight -= 1
+                    self._untrack(rids, i)
                 if r.status_code >= 500:  # a dying or broken worker; nothing reached the client yet
                     raise httpx.HTTPStatusError(f"{r.status_code} from worker", request=r.request, response=r)
-                w.inflight -= 1
                 return Response(r.content, status_code=r.status_code,
                                 media_type=r.headers.get("content-type", "application/json"))
             except httpx.HTTPError as e:  # nothing came back: another worker may serve it
-                w.inflight -= 1
+                if stream:
+                    w.inflight -= 1
+                    self._untrack(rids, i)
                 self._take_out(i, f"{type(e).__name__}: {e}")
                 self.retries += 1
                 logger.warning("request to %s failed before any reply (%s); retrying elsewhere", w.url, e)
 
-    async def _relay(self, i: int, upstream: httpx.Response) -> AsyncIterator[bytes]:
+    def _track(self, rids: list[str], worker: int) -> None:
+        for rid in rids:
+            if len(self.rids) < MAX_TRACKED_RIDS:
+                self.rids[rid] = worker
+
+    def _untrack(self, rids: list[str], worker: int) -> None:
+        for rid in rids:
+            if self.rids.get(rid) == worker:
+                del self.rids[rid]
+
+    async def abort(self, body: dict[str, Any]) -> Response:
+        """Stop a client-named request: at the worker that has it, else at every worker."""
+        rid = body.get("rid")
+        if not isinstance(rid, str):
+            return _error(400, "rid: a string is required")
+        known = self.rids.get(rid)
+        targets = [known] if known is not None else [i for i, w in enumerate(self.workers) if w.healthy]
+        for i in targets:
+            try:
+                r = await self.client.post(f"{self.workers[i].url}/abort_request", json={"rid": rid}, timeout=30)
+            except httpx.HTTPError:
+                continue
+            if r.status_code == 200:
+                return Response(r.content, status_code=200, media_type="application/json")
+        return _error(404, f"no request {rid!r} in flight", "not_found")
+
+    async def any_worker(self, path: str, body: dict[str, Any]) -> Response:
+        """A request any worker answers alike (they serve one model): the least loaded healthy one."""
+        tried: set[int] = set()
+        while (i := self.choose((), None, tried)) is not None:
+            tried.add(i)
+            try:
+                r = await self.client.post(f"{self.workers[i].url}{path}", json=body, timeout=60)
+            except httpx.HTTPError as e:
+                self._take_out(i, f"{type(e).__name__}: {e}")
+                continue
+            return Response(r.content, status_code=r.status_code,
+                            media_type=r.headers.get("content-type", "application/json"))
+        return _error(503, "no healthy worker", "service_unavailable")
+
+    async def _relay(self, i: int, upstream: httpx.Response, rids: list[str]) -> AsyncIterator[bytes]:
         w = self.workers[i]
         try:
             async for chunk in upstream.aiter_raw():
@@ -191,6 +243,7 @@ class Router:
             yield f"data: {json.dumps(err)}\n\n".encode()
         finally:
             w.inflight -= 1
+            self._untrack(rids, i)
             await upstream.aclose()
 
     async def fan_out(self, method: str, path: str) -> list[tuple[str, int, Any]]:
@@ -209,6 +262,14 @@ class Router:
                              "failures": w.failures, "last_error": w.last_error} for w in self.workers]}
 
 
+def client_rids(body: dict[str, Any]) -> list[str]:
+    """The request ids a /generate body names (one, or one per prompt of a batch)."""
+    rid = body.get("rid")
+    if isinstance(rid, str):
+        return [rid]
+    return [r for r in rid if isinstance(r, str)] if isinstance(rid, list) else []
+
+
 def _error(status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:
     return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status_code=status)
 
@@ -224,24 +285,42 @@ def create_router_app(settings: RouterSettings) -> FastAPI:
     app = FastAPI(title="radixkv router", lifespan=lifespan)
     app.state.router = router
 
+    expected = f"Bearer {settings.api_key}".encode() if settings.api_key else None
+
     @app.middleware("http")
     async def api_key(request: Request, call_next):
-        if settings.api_key and request.url.path not in ("/health",):
-            if request.headers.get("authorization") != f"Bearer {settings.api_key}":
+        if expected is not None and request.url.path not in ("/health",):
+            given = request.headers.get("authorization", "").encode()
+            if not secrets.compare_digest(given, expected):  # constant time
                 return _error(401, "missing or wrong API key (Authorization: Bearer ...)", "authentication_error")
         return await call_next(request)
 
-    async def routed(request: Request) -> Response:
+    async def body_of(request: Request) -> dict[str, Any] | Response:
         try:
             body = await request.json()
-        except ValueError:
+        except (ValueError, RecursionError):
             return _error(400, "the body is not valid JSON")
         if not isinstance(body, dict):
             return _error(400, "the body must be a JSON object")
-        return await router.forward(request.url.path, body)
+        return body
+
+    async def routed(request: Request) -> Response:
+        body = await body_of(request)
+        return body if isinstance(body, Response) else await router.forward(request.url.path, body)
+
+    async def any_worker(request: Request) -> Response:
+        body = await body_of(request)
+        return body if isinstance(body, Response) else await router.any_worker(request.url.path, body)
+
+    async def abort(request: Request) -> Response:
+        body = await body_of(request)
+        return body if isinstance(body, Response) else await router.abort(body)
 
     for path in ROUTED:
         app.add_api_route(path, routed, methods=["POST"])
+    for path in ANY_WORKER:
+        app.add_api_route(path, any_worker, methods=["POST"])
+    app.add_api_route("/abort_request", abort, methods=["POST"])
 
     @app.get("/health")
     async def health():

@@ -3,8 +3,11 @@ worker that caches them, `prompt_cache_key` pins, streams pass through unchanged
 that dies is routed around and used again once it is back."""
 
 import concurrent.futures
+import json
+import os
 import time
 
+import httpx
 import openai
 import pytest
 
@@ -69,27 +72,56 @@ def test_streaming_through_the_router_equals_the_worker(cluster):
     assert via_router == direct and via_router
 
 
-@pytest.mark.slow  # about 100 s: a worker stops and restarts; run with -m slow
+def test_tokenize_and_abort_go_through_the_router(cluster):
+    """Both were 404 through the router."""
+    router, workers = cluster
+    with router.client() as r, workers[0].client() as w:
+        via = r.post("/tokenize", json={"text": "Hello there"})
+        assert via.status_code == 200 and via.json() == w.post("/tokenize", json={"text": "Hello there"}).json()
+        assert r.post("/detokenize", json={"input_ids": via.json()["input_ids"]}).json()["text"] == "Hello there"
+        assert r.post("/abort_request", json={"rid": "nobody"}).status_code == 404
+        with r.stream("POST", "/generate", json={"text": "Write a long story.", "rid": "routed-1", "stream": True,
+                                                 "sampling_params": {"max_new_tokens": 400, "ignore_eos": True}}) as s:
+            lines = s.iter_lines()
+            next(line for line in lines if line.startswith("data: "))
+            with router.client() as r2:
+                assert r2.post("/abort_request", json={"rid": "routed-1"}).json() == {"aborted": "routed-1"}
+            events = [json.loads(x[6:]) for x in lines if x.startswith("data: ") and x != "data: [DONE]"]
+    assert events[-1]["meta_info"]["finish_reason"]["type"] == "abort"
+    assert httpx.post(f"{router.url}/tokenize", json={"text": "x"}, headers={"Authorization": "Bearer nope"}
+                      ).status_code == 401
+
+
+@pytest.mark.slow  # about 100 s: a worker dies and restarts; run with -m slow
 def test_a_dead_worker_is_routed_around_and_used_again_when_back(cluster):
     router, workers = cluster
     c = client(router)
 
     def ask(i):
-        return c.completions.create(model=MODEL, prompt=f"Fact number {i} about the sea:", max_tokens=8,
-                                    temperature=0).choices[0].text
+        return c.completions.create(model=MODEL, prompt=f"Fact number {i} about the sea:", max_tokens=64,
+                                    temperature=0, extra_body={"ignore_eos": True}).choices[0].text
 
+    retries = router.info()["router"]["retries"]
+    sockets = workers[0].info()["ipc_directory"]
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         futures = [pool.submit(ask, i) for i in range(16)]
-        time.sleep(0.5)
+        deadline = time.monotonic() + 60
+        while workers[0].info()["requests"]["running"] == 0:  # requests are in flight on it
+            assert time.monotonic() < deadline, "no request ever reached worker 0"
+            time.sleep(0.05)
         port = workers[0].port
-        stop_server(workers[0])  # dies mid-run
+        workers[0].proc.kill()  # dies mid-run, with no chance to answer or clean up
+        workers[0].proc.wait()
         answers = [f.result(timeout=120) for f in futures]
     assert len(answers) == 16  # nothing lost: requests that got no reply were retried on the other
+    assert router.info()["router"]["retries"] > retries  # the retry path ran
+    assert os.path.isdir(sockets)  # a killed server leaves its socket directory behind...
     with router.client() as h:
         assert h.get("/health").status_code == 200
     info = router.info()["router"]
     assert [w["healthy"] for w in info["workers"]] == [False, True]
     workers[0] = start_server("--max-total-tokens", "4096", port=port)  # comes back on the same address
+    assert not os.path.exists(sockets)  # ...which the next server to start removes
     deadline = time.monotonic() + 30
     while not router.info()["router"]["workers"][0]["healthy"]:
         assert time.monotonic() < deadline, "the router never saw the worker come back"
