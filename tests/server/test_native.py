@@ -25,8 +25,7 @@ def test_generate_equals_the_engine_for_the_same_prompts(server, default_engine)
     with server.client() as c:
         single = c.post("/generate", json={"text": PROMPTS[0], "sampling_params": greedy()}).json()
         batch = c.post("/generate", json={"text": PROMPTS, "sampling_params": greedy()}).json()
-        by_ids = c.post("/generate", json={"input_ids": expected[1]["output_ids"][:3] and
-                                           default_engine.tokenizer.encode(PROMPTS[1]),
+        by_ids = c.post("/generate", json={"input_ids": default_engine.tokenizer.encode(PROMPTS[1]),
                                            "sampling_params": greedy()}).json()
     assert single["text"] == expected[0]["text"] and single["output_ids"] == expected[0]["output_ids"]
     assert [b["text"] for b in batch] == [e["text"] for e in expected]
