@@ -153,6 +153,26 @@ def bench_extend(kernels, do_bench):
     return rows
 
 
+def startup_checks():
+    """The runtime's own start-up check (`radixkv.attention.selfcheck`) for every KV format and
+    page size, in each model's head shape: the runner falls back to torch if one fails."""
+    from radixkv.attention.backend import TritonBackend
+    from radixkv.attention.selfcheck import check_backend
+    from radixkv.mem.kv_pool import KVLayout
+    from radixkv.mem.kv_quant import KV_CACHE_DTYPES
+
+    rows = []
+    for model, (hq, hkv, d) in MODELS.items():
+        for dtype_name, dtype in DTYPES.items():
+            for fmt in KV_CACHE_DTYPES:
+                for page_size in (1, PAGE_SIZE):
+                    problem = check_backend(TritonBackend, KVLayout(1, hkv, d, page_size, dtype, fmt), hq,
+                                            torch.device("cuda"))
+                    rows.append(dict(model=model, dtype=dtype_name, kv=fmt, page_size=page_size,
+                                     ok=problem is None, problem=problem or ""))
+    return rows
+
+
 def print_table(title, rows):
     print(f"\n{title}")
     keys = list(rows[0])
@@ -190,6 +210,8 @@ def main(argv: list[str] | None = None) -> int:
                   capability=f"{props.major}.{props.minor}", torch=torch.__version__,
                   triton=triton.__version__)
 
+    startup = startup_checks()
+    print_table("start-up check (what `radixkv serve` runs before serving with triton)", startup)
     correctness = check_correctness(kernels, reference)
     print_table("correctness (compiled kernels vs torch reference)", correctness)
     peak_gbps = peak_copy_bandwidth(do_bench)
@@ -200,11 +222,11 @@ def main(argv: list[str] | None = None) -> int:
     print_table("extend attention (causal FLOPs / time) vs torch SDPA", extend)
 
     args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(dict(device=device, copy_peak_gbytes_per_s=peak_gbps,
+    args.json.write_text(json.dumps(dict(device=device, copy_peak_gbytes_per_s=peak_gbps, startup=startup,
                                          correctness=correctness, decode=decode, extend=extend),
                                     indent=2))
     print(f"\nwrote {args.json}")
-    return 0 if all(r["ok"] for r in correctness) else 1
+    return 0 if all(r["ok"] for r in correctness + startup) else 1
 
 
 if __name__ == "__main__":

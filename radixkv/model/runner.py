@@ -18,6 +18,7 @@ from typing import Any, Protocol
 import torch
 
 from radixkv.attention import ForwardBatch, ForwardMode, make_backend
+from radixkv.attention.selfcheck import check_backend
 from radixkv.config import EngineConfig
 from radixkv.errors import ConfigError
 from radixkv.mem import KVLayout
@@ -95,6 +96,8 @@ class ModelRunner:
         self.num_threads = None  # torch compute threads, when `load` chose them
         self.backend = make_backend(config.attention_backend_name, memory.pool, memory.req_table.table)
         self.backend_fallback: str | None = None  # why the configured backend was replaced, if it was
+        if self.backend.name == "triton":
+            self._check_kernels()
         self.workers = workers  # tensor-parallel ranks 1..N-1, when tp_size > 1
 
     @classmethod
@@ -156,6 +159,21 @@ class ModelRunner:
                     usable_cores(), f"{packed} linear layers prepacked for oneDNN" if packed
                     else "linear layers not prepacked (needs CPU + float32)")
         return runner
+
+    def _check_kernels(self) -> None:
+        """Run the compiled kernels once against the torch reference (`attention.selfcheck`); on
+        a failure, say so once and serve with the torch backend instead."""
+        mc, layout = self.model_config, self.memory.layout
+        heads = mc.num_heads * layout.num_kv_heads // mc.num_kv_heads  # this rank's query heads
+        windows = dict.fromkeys(mc.sliding_windows or (None,))  # each attention span the layers use
+        for window in windows:
+            problem = check_backend(type(self.backend), layout, heads, self.device, window)
+            if problem is not None:
+                logger.error("attention kernels failed their start-up check, serving with the torch backend "
+                             "instead: %s", problem)
+                self.backend = make_backend("torch", self.memory.pool, self.memory.req_table.table)
+                self.backend_fallback = problem
+                return
 
     def close(self) -> None:
         """Stop the other tensor-parallel ranks, if any (idempotent)."""
