@@ -112,6 +112,10 @@ def openapi_document(app: FastAPI) -> dict:
             schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
             schemas.update(schema.pop("$defs", {}))
             schemas[name] = schema
+        served = [app.state.settings.model_name, app.state.manager.info["model_dir"]]
+        for schema in schemas.values():  # the one model OpenAI requests may name
+            if "model" in schema.get("properties", {}):
+                schema["properties"]["model"] = {"type": "string", "enum": served, "title": "Model"}
         if app.state.settings.api_keys:
             doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
             doc["security"] = [{"bearer": []}]

@@ -1,0 +1,35 @@
+"""Schema-driven fuzzing of the real server with schemathesis: thousands of requests generated
+from /openapi.json (which publishes the bodies the routes really take), none answered 5xx.
+
+Slow (a few minutes); needs the `fuzz` extra: pip install -e '.[test,fuzz]'; python -m pytest -m slow
+tests/server/test_fuzz.py"""
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.server_helpers import start_server, stop_server
+
+pytestmark = pytest.mark.slow
+
+
+def test_no_generated_request_gets_a_server_error(tmp_path):
+    pytest.importorskip("schemathesis")
+    cli = shutil.which("schemathesis", path=str(Path(sys.executable).parent))
+    # a short context keeps every request the fuzzer makes valid one a short one
+    server = start_server("--max-total-tokens", "4096", "--context-length", "128", api_key="fuzz-key")
+    try:
+        done = subprocess.run([cli, "run", f"{server.url}/openapi.json", "-H", "Authorization: Bearer fuzz-key",
+                               "--checks", "not_a_server_error", "-n", "150", "--workers", "1", "--seed", "7",
+                               "--no-color"], cwd=tmp_path, capture_output=True, text=True, timeout=1500)
+        assert done.returncode == 0, done.stdout[-6000:]
+        assert " passed" in done.stdout and "failed" not in done.stdout.split("Test cases:")[-1], done.stdout[-3000:]
+        with server.client() as c:
+            assert c.get("/health").status_code == 200
+        server.wait_idle(timeout=60)
+    finally:
+        stop_server(server)
+    assert not [line for line in server.log if "Traceback" in line], "".join(server.log[-50:])
