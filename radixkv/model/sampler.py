@@ -49,9 +49,11 @@ class Sampler:
                 logits[i] = apply_penalties(logits[i], row)
             if row.suppress_ids:
                 logits[i, list(row.suppress_ids)] = float("-inf")
-        out = logits.argmax(dim=-1).tolist()  # (B,) greedy for everyone; sampled rows overwrite
-        alive = torch.isfinite(logits).any(dim=-1).tolist()  # a row with no allowed token cannot be
-        # sampled (it would be NaN): it keeps the argmax, which its caller rejects, and the batch goes on
+        best = logits.argmax(dim=-1)  # (B,) greedy for everyone; sampled rows overwrite
+        # a row with no allowed token cannot be sampled (it would be NaN): it keeps the argmax,
+        # which its caller rejects, and the batch goes on
+        alive = torch.isfinite(logits).any(dim=-1)  # (B,)
+        out, alive = torch.stack((best, alive.to(best.dtype))).tolist()  # one copy to the host
         sampled = [i for i, r in enumerate(rows) if not r.params.greedy and alive[i]]
         if sampled:
             probs = filtered_probs(logits[sampled], [rows[i].params for i in sampled])  # (S, V)
