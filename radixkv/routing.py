@@ -1,4 +1,5 @@
-"""Routing policies: which worker of a data-parallel group gets a request (the router and the trace simulator share them).
+"""Routing policies: which worker of a data-parallel group gets a request (the live router and
+the trace simulator share them).
 
 - `RoundRobin` and `LeastLoad`, for comparison.
 - `CacheAware` (the SGLang router's rule). The router keeps one `ApproxTree` per worker: a

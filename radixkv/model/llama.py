@@ -5,9 +5,10 @@ the `ForwardBatch`, which stores the new tokens' K/V into the pool and reads the
 request's KV through `req_to_token`. Parameter names follow Hugging Face except that q/k/v and
 gate/up are fused (`qkv_proj`, `gate_up_proj`); the loader maps the checkpoint onto them.
 
-Tensor parallelism (`radixkv.parallel`, started by `radixkv.tp`): built with a `TPShard`, a model holds one rank's heads,
-KV heads, MLP columns and vocabulary rows, and completes each layer with one all-reduce after
-attention and one after the MLP; the logits of every rank's vocabulary rows are gathered.
+Tensor parallelism (`radixkv.parallel`; the ranks are `radixkv.tp`'s): built with a `TPShard`, a
+model holds one rank's heads, KV heads, MLP columns and vocabulary rows, and completes each layer
+with one all-reduce after attention and one after the MLP; the logits of every rank's vocabulary
+rows are gathered.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import APIRouter, Request
 
@@ -40,6 +40,7 @@ from radixkv.server.protocol import (
 from radixkv.server.tokenizer_manager import Chunk, TokenizerManager
 
 router = APIRouter()
+T = TypeVar("T")
 
 
 def finish_reason_name(reason: dict[str, Any] | None) -> str | None:
@@ -93,23 +94,36 @@ async def models(request: Request):
         "root": manager.info["model_dir"], "max_model_len": manager.limits.context_length}]}
 
 
+async def openai_body(request: Request, model: type[T], unsupported: tuple[str, ...]) -> T:
+    """The body as `model`, with OpenAI fields this server does not implement refused by name
+    and the model it names checked."""
+    raw = await json_body(request)
+    refuse_unsupported(raw, unsupported)
+    body = model.model_validate(raw)
+    check_model(request, body.model)
+    return body
+
+
+def response_meta(request: Request, prefix: str) -> dict[str, Any]:
+    return {"id": f"{prefix}-{uuid.uuid4().hex}", "created": int(time.time()),
+            "model": request.app.state.settings.model_name}
+
+
 @router.post("/v1/chat/completions", openapi_extra=request_body(ChatCompletionBody))
 async def chat_completions(request: Request):
     manager: TokenizerManager = request.app.state.manager
-    raw = await json_body(request)
-    refuse_unsupported(raw, UNSUPPORTED_CHAT)
-    body = ChatCompletionBody.model_validate(raw)
-    check_model(request, body.model)
+    body = await openai_body(request, ChatCompletionBody, UNSUPPORTED_CHAT)
     if not body.messages:
         raise InvalidRequestError("messages must not be empty")
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     (job,) = jobs_for(manager, [manager.encode_chat([m.template_message() for m in body.messages])], body,
                       max_tokens)
-    meta = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": request.app.state.settings.model_name}
+    meta = response_meta(request, "chatcmpl")
     await until_disconnected(request, job.prefill_if_shared(manager))
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        chunks = await started(request, merged(manager, [(j, job.ids, p, job.logprob) for j, p in enumerate(job.params)]))
+        streams = [(j, job.ids, p, job.logprob) for j, p in enumerate(job.params)]
+        chunks = await started(request, merged(manager, streams))
         return streaming_response(chat_events(manager, job, chunks, meta, include_usage))
     results = await until_disconnected(request, asyncio.gather(
         *(manager.generate(job.ids, p, logprob=job.logprob) for p in job.params)))
@@ -124,12 +138,9 @@ async def chat_completions(request: Request):
 @router.post("/v1/completions", openapi_extra=request_body(CompletionBody))
 async def completions(request: Request):
     manager: TokenizerManager = request.app.state.manager
-    raw = await json_body(request)
-    refuse_unsupported(raw, UNSUPPORTED_COMPLETION)
-    body = CompletionBody.model_validate(raw)
-    check_model(request, body.model)
+    body = await openai_body(request, CompletionBody, UNSUPPORTED_COMPLETION)
     jobs = jobs_for(manager, completion_prompts(manager, body.prompt), body, body.max_tokens)
-    meta = {"id": f"cmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": request.app.state.settings.model_name}
+    meta = response_meta(request, "cmpl")
     await until_disconnected(request, asyncio.gather(*(job.prefill_if_shared(manager) for job in jobs)))
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)

@@ -112,7 +112,8 @@ class ZmqInbox:
 
     def _answer(self, call_id: str, future) -> None:
         error = future.exception()
-        reply = ControlReply(call_id, False, {"error": str(error)}) if error else ControlReply(call_id, True, future.result())
+        reply = (ControlReply(call_id, False, {"error": str(error)}) if error
+                 else ControlReply(call_id, True, future.result()))
         self.reply.send(encode(reply))
 
 
