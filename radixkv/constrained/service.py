@@ -32,6 +32,8 @@ from radixkv.grammar_spec import GrammarSpec
 logger = logging.getLogger(__name__)
 CACHE_SIZE = 256  # grammars (compiled or refused) kept per model
 START_TIMEOUT_S = 120.0  # loading the tokenizer in the compiler process
+TRANSFER_TIMEOUT_S = 60.0  # a compiled grammar whose first bytes came in time must arrive within this
+MAX_START_FAILURES = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +76,9 @@ class GrammarService:
         self._job = 0
         self._inflight: tuple[int, GrammarSpec, float] | None = None  # (job, spec, deadline)
         self._info = None  # xgrammar TokenizerInfo, to deserialize with
+        self._failed: list[tuple[GrammarSpec, Refused]] = []  # refusals to hand out at the next poll
+        self._receiving_since: float | None = None  # when the in-flight job's result began to arrive
+        self._start_failures = 0
         self.hits = self.misses = self.refusals = 0
 
     # -- what the scheduler calls --------------------------------------------------------------
@@ -98,26 +103,41 @@ class GrammarService:
 
     def poll(self, timeout: float = 0.0) -> list[tuple[GrammarSpec, Compiled | Refused]]:
         """The grammars whose result became known, waiting up to `timeout` seconds for one."""
-        done: list[tuple[GrammarSpec, Compiled | Refused]] = []
-        if self._proc is None:
-            self._advance()
-            return done
-        readable, _, _ = select.select([self._proc.stdout], [], [], max(0.0, timeout))
-        if readable:
-            data = os.read(self._proc.stdout.fileno(), 1 << 20)
-            if data:
-                self._buffer += data
-                done += self._take_frames()
-            else:
-                done += self._lost("the grammar compiler stopped while compiling it (it may need more memory than "
-                                   "grammar_compile_memory allows)")
-        now = time.monotonic()
-        if self._inflight is not None and now > self._inflight[2]:
-            done += self._lost(f"compiling it took longer than the budget of {self.budget.seconds:g} s "
-                               f"(grammar_compile_timeout)")
-        elif not self._ready and self._proc is not None and now - self._started_at > START_TIMEOUT_S:
-            done += self._fail_start(f"the grammar compiler did not start within {START_TIMEOUT_S:.0f} s")
+        done, self._failed = self._failed, []
+        if self._proc is not None:
+            done += self._read(timeout)
+        if self._proc is not None:
+            now = time.monotonic()
+            receiving = self._receiving_since
+            if self._inflight is not None and receiving is None and now > self._inflight[2]:
+                done += self._lost(f"compiling it took longer than the budget of {self.budget.seconds:g} s "
+                                   f"(grammar_compile_timeout)")
+            elif self._inflight is not None and receiving is not None and now > receiving + TRANSFER_TIMEOUT_S:
+                done += self._lost("the grammar compiler stopped sending the compiled grammar")
+            elif not self._ready and now - self._started_at > START_TIMEOUT_S:
+                done += self._fail_start(f"the grammar compiler did not start within {START_TIMEOUT_S:.0f} s")
         self._advance()
+        return done + self._failed_now()
+
+    def _read(self, timeout: float) -> list[tuple[GrammarSpec, Compiled | Refused]]:
+        """Frames the process has sent, reading until its pipe is empty (a large compiled grammar
+        spans many reads; once its first bytes are in, the compile's clock stops)."""
+        fd = self._proc.stdout.fileno()
+        readable, _, _ = select.select([fd], [], [], max(0.0, timeout))
+        while readable:
+            data = os.read(fd, 1 << 20)
+            if not data:
+                return self._lost("the grammar compiler stopped while compiling it (it may need more memory than "
+                                  "grammar_compile_memory allows)")
+            self._buffer += data
+            readable, _, _ = select.select([fd], [], [], 0)
+        done = self._take_frames()
+        if self._inflight is not None and self._buffer and self._receiving_since is None:
+            self._receiving_since = time.monotonic()  # its result is on its way: the compile is done
+        return done
+
+    def _failed_now(self) -> list[tuple[GrammarSpec, Compiled | Refused]]:
+        done, self._failed = self._failed, []
         return done
 
     def matcher(self, compiled: Compiled) -> RequestGrammar:
@@ -131,7 +151,9 @@ class GrammarService:
 
     # -- the compiler process ------------------------------------------------------------------
     def _advance(self) -> None:
-        """Start the process if work waits, and hand it the next job when it is free."""
+        """Start the process if work waits, and hand it the next job when it is free. A process
+        that cannot be started or written to is not the grammar's fault: its jobs wait for a
+        fresh one (and fail, not cached, when none will start)."""
         if not self._queue:
             return
         if self._proc is None:
@@ -141,25 +163,41 @@ class GrammarService:
             spec = self._queue.popleft()
             self._job += 1
             self._inflight = (self._job, spec, time.monotonic() + self.budget.seconds)
-            write_frame(self._proc.stdin, [self._job, spec.kind, spec.source])
+            try:
+                write_frame(self._proc.stdin, [self._job, spec.kind, spec.source])
+            except OSError as e:  # it died while idle
+                logger.warning("the grammar compiler went away (%s); starting another", e)
+                self._queue.appendleft(spec)
+                self._stop_process()
+                self._start()
 
     def _start(self) -> None:
+        if self._start_failures >= MAX_START_FAILURES:
+            self._start_failures = 0
+            self._failed += self._fail_start("the grammar compiler could not be started "
+                                             f"{MAX_START_FAILURES} times in a row")
+            return
         cmd = [sys.executable, "-m", "radixkv.constrained.worker", "--model-dir", self.model_dir,
                "--vocab-size", str(self.vocab_size), "--stop-ids", ",".join(map(str, self.stop_ids)),
                "--memory-bytes", str(self.budget.memory_bytes), "--parent-pid", str(os.getpid())]
-        self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        try:
+            self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        except OSError as e:
+            self._failed += self._fail_start(f"the grammar compiler could not start: {e}")
+            return
         self._ready, self._buffer, self._started_at = False, bytearray(), time.monotonic()
+        self._start_failures += 1  # until it says it is ready
 
     def _take_frames(self) -> list[tuple[GrammarSpec, Compiled | Refused]]:
         done = []
         for job, status, *rest in split_frames(self._buffer):
             if status == "ready":
-                self._ready = True
+                self._ready, self._start_failures = True, 0
                 continue
             if self._inflight is None or self._inflight[0] != job:
                 continue
             spec = self._inflight[1]
-            self._inflight = None
+            self._inflight, self._receiving_since = None, None
             if status == "ok":
                 self.misses += 1
                 done.append(self._record(spec, Compiled(self._deserialize(rest[0]), bool(rest[1]))))
@@ -191,7 +229,10 @@ class GrammarService:
         return failed
 
     def _stop_process(self) -> None:
-        proc, self._proc, self._ready, self._inflight = self._proc, None, False, None
+        proc, self._proc, self._ready, self._inflight, self._buffer = self._proc, None, False, None, bytearray()
+        self._receiving_since = None
+        if proc is None:
+            return
         if proc.poll() is None:
             proc.kill()
         proc.wait()

@@ -72,12 +72,14 @@ class HostTieredCache(RadixCache):
         return match
 
     def _host_path(self, match: MatchResult, split_end: bool = False) -> list[TieredNode]:
-        """The host-only nodes continuing `match` along its key (splitting the last at the
-        match's end, with `split_end`)."""
+        """The host-only nodes continuing `match` along its key, as far as they still are in
+        the tree (splitting the last at the match's end, with `split_end`)."""
         path, node = [], match.last_node
         pos, end = match.num_tokens, match.num_tokens + match.host_tokens
         while pos < end:
-            node = node.children[self._child_key(node, match.key, pos, match.namespace)]
+            node = node.children.get(self._child_key(node, match.key, pos, match.namespace))
+            if node is None:  # the host tier let it go since (its LRU made room)
+                break
             if split_end and pos + len(node.key) > end:
                 node = self._split(node, end - pos)
             path.append(node)

@@ -1,277 +1,30 @@
-"""The router: one HTTP front for N `radixkv serve` workers, sending each request where its
-prefix is probably cached.
+"""The router's HTTP front over `Router` (workers.py): the same API as one server.
 
-Same API as one server: `POST /generate`, `/v1/chat/completions`, `/v1/completions` (streaming
-passed through byte for byte), `POST /tokenize`, `/detokenize` (any worker: they share the
-model), `POST /abort_request` (the worker that has the request), `GET /v1/models`, `/health`,
-`/server_info`, `/metrics`, `POST /flush_cache` (every worker). The routing key is the prompt as the client sent it:
-`text` or `input_ids`, a completion's `prompt`, or a chat's messages (role and content, in
-order), so a conversation's next turn shares its key's prefix with the previous one.
-OpenAI's `prompt_cache_key` pins a conversation to a worker.
+| route | goes to |
+|---|---|
+| POST /generate, /v1/chat/completions, /v1/completions | the worker the policy picks (retried elsewhere before any byte) |
+| POST /tokenize, /detokenize | any healthy worker (they serve one model) |
+| POST /abort_request | the worker that has the named request, else every worker |
+| GET /v1/models | a healthy worker |
+| GET /health, /server_info, /metrics; POST /flush_cache | the router itself, or every worker |
 
-Faults: a health loop polls every worker's `/health`. A worker that fails a request or a check
-is taken out (its routing tree with it) and used again once its checks pass. A request that
-fails (no answer, or a 5xx) before any byte went to the client is retried on another worker
-(at most once per worker). A
-stream that already sent bytes ends with an SSE error event instead, so a client never sees a
-silent duplicate. With no healthy worker the router answers 503.
+The API key (one, `--api-key`) is required on every route but /health, compared in constant
+time, and sent on to the workers.
 """
 
 from __future__ import annotations
 
-import asyncio
-import json
-import logging
-import secrets
-import time
-from collections.abc import AsyncIterator, Hashable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import JSONResponse, Response
 
-from radixkv.routing import make_policy
+from radixkv.router.workers import ANY_WORKER, ROUTED, Router, RouterSettings
+from radixkv.server.http_app import ApiKeyMiddleware
+from radixkv.server.http_common import error_response
 
-logger = logging.getLogger(__name__)
-ROUTED = ("/generate", "/v1/chat/completions", "/v1/completions")
-ANY_WORKER = ("/tokenize", "/detokenize")
-MAX_TRACKED_RIDS = 100_000
-
-
-@dataclass(frozen=True)
-class RouterSettings:
-    workers: tuple[str, ...]  # base URLs
-    policy: str = "cache_aware"
-    api_key: str | None = None  # sent to workers as a bearer token, and required from clients
-    health_interval: float = 2.0  # seconds between health checks
-    request_timeout: float = 600.0
-    tree_capacity: int = 1 << 22  # characters (or token ids) remembered per worker
-
-
-@dataclass
-class Worker:
-    url: str
-    healthy: bool = True
-    inflight: int = 0
-    routed: int = 0
-    failures: int = 0
-    last_error: str | None = None
-    last_check: float = field(default=0.0)
-
-
-def routing_key(path: str, body: dict[str, Any]) -> tuple[Sequence[Hashable], Hashable | None]:
-    """(the prompt as a key sequence, a pin) of one request body."""
-    pin = body.get("prompt_cache_key")
-    if path == "/v1/chat/completions":
-        parts = []
-        for m in body.get("messages") or []:
-            content = m.get("content") if isinstance(m, dict) else None
-            if isinstance(content, list):  # content parts: their text
-                content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
-            parts.append(f"<{m.get('role') if isinstance(m, dict) else ''}>{content or ''}")
-        return "".join(parts), pin
-    prompt = body.get("text", body.get("input_ids")) if path == "/generate" else body.get("prompt")
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (list, str)):
-        prompt = prompt[0]  # a batch: route by its first prompt
-    if isinstance(prompt, (str, list)):
-        return (prompt if isinstance(prompt, str) else tuple(prompt)), pin
-    return "", pin
-
-
-class Router:
-    """Workers, their health, and the routing policy."""
-
-    def __init__(self, settings: RouterSettings):
-        if not settings.workers:
-            raise ValueError("the router needs at least one --worker URL")
-        self.settings = settings
-        self.workers = [Worker(u.rstrip("/")) for u in settings.workers]
-        self.policy = make_policy(settings.policy, len(self.workers), tree_capacity=settings.tree_capacity)
-        headers = {"Authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
-        self.client = httpx.AsyncClient(headers=headers, timeout=httpx.Timeout(settings.request_timeout, connect=5),
-                                        limits=httpx.Limits(max_connections=1024))
-        self.retries = 0
-        self.rids: dict[str, int] = {}  # a client-named request in flight -> its worker
-        self._health_task: asyncio.Task | None = None
-
-    # -- health ----------------------------------------------------------------------------------
-    async def start(self) -> None:
-        await self.check_all()
-        self._health_task = asyncio.create_task(self._health_loop())
-
-    async def stop(self) -> None:
-        if self._health_task is not None:
-            self._health_task.cancel()
-        await self.client.aclose()
-
-    async def _health_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.settings.health_interval)
-            await self.check_all()
-
-    async def check_all(self) -> None:
-        await asyncio.gather(*(self._check(i) for i in range(len(self.workers))))
-
-    async def _check(self, i: int) -> None:
-        w = self.workers[i]
-        try:
-            ok = (await self.client.get(f"{w.url}/health", timeout=5)).status_code == 200
-            error = None if ok else "health check answered non-200"
-        except httpx.HTTPError as e:
-            ok, error = False, f"{type(e).__name__}: {e}"
-        w.last_check = time.time()
-        if ok and not w.healthy:
-            logger.info("worker %s is back", w.url)
-        if not ok:
-            self._take_out(i, error)
-        w.healthy = ok
-
-    def _take_out(self, i: int, error: str | None) -> None:
-        w = self.workers[i]
-        if w.healthy:
-            logger.warning("worker %s taken out: %s", w.url, error)
-            self.policy.forget_worker(i)  # its cache is gone or unknown
-        w.healthy, w.last_error = False, error
-        w.failures += 1
-
-    # -- routing ---------------------------------------------------------------------------------
-    def choose(self, key, pin, exclude: set[int]) -> int | None:
-        """A healthy worker not in `exclude`, by the policy (None if there is none)."""
-        usable = [i for i, w in enumerate(self.workers) if w.healthy and i not in exclude]
-        if not usable:
-            return None
-        big = 1 << 30  # a worker that cannot take the request looks infinitely loaded
-        loads = [w.inflight if i in usable else big for i, w in enumerate(self.workers)]
-        choice = self.policy.route(key, loads, pin)
-        if choice not in usable:  # the policy's pick is out: the least loaded usable worker
-            choice = min(usable, key=lambda i: (loads[i], i))
-        return choice
-
-    async def forward(self, path: str, body: dict[str, Any]) -> Response:
-        key, pin = routing_key(path, body)
-        stream = bool(body.get("stream"))
-        rids = client_rids(body) if path == "/generate" else []
-        tried: set[int] = set()
-        while True:
-            i = self.choose(key, pin, tried)
-            if i is None:
-                return _error(503, "no healthy worker can take the request" +
-                              (f" (tried {len(tried)})" if tried else ""), "service_unavailable")
-            tried.add(i)
-            w = self.workers[i]
-            w.inflight += 1
-            w.routed += 1
-            self._track(rids, i)
-            try:
-                if stream:
-                    req = self.client.build_request("POST", f"{w.url}{path}", json=body)
-                    upstream = await self.client.send(req, stream=True)
-                    if upstream.status_code >= 500:  # nothing streamed yet: another worker may serve it
-                        await upstream.aclose()
-                        raise httpx.HTTPStatusError(f"{upstream.status_code} from worker", request=req,
-                                                    response=upstream)
-                    return StreamingResponse(self._relay(i, upstream, rids), status_code=upstream.status_code,
-                                             media_type=upstream.headers.get("content-type", "text/event-stream"))
-                try:
-                    r = await self.client.post(f"{w.url}{path}", json=body)
-                finally:
-                    w.inflight -= 1
-                    self._untrack(rids, i)
-                if r.status_code >= 500:  # a dying or broken worker; nothing reached the client yet
-                    raise httpx.HTTPStatusError(f"{r.status_code} from worker", request=r.request, response=r)
-                return Response(r.content, status_code=r.status_code,
-                                media_type=r.headers.get("content-type", "application/json"))
-            except httpx.HTTPError as e:  # nothing came back: another worker may serve it
-                if stream:
-                    w.inflight -= 1
-                    self._untrack(rids, i)
-                self._take_out(i, f"{type(e).__name__}: {e}")
-                self.retries += 1
-                logger.warning("request to %s failed before any reply (%s); retrying elsewhere", w.url, e)
-
-    def _track(self, rids: list[str], worker: int) -> None:
-        for rid in rids:
-            if len(self.rids) < MAX_TRACKED_RIDS:
-                self.rids[rid] = worker
-
-    def _untrack(self, rids: list[str], worker: int) -> None:
-        for rid in rids:
-            if self.rids.get(rid) == worker:
-                del self.rids[rid]
-
-    async def abort(self, body: dict[str, Any]) -> Response:
-        """Stop a client-named request: at the worker that has it, else at every worker."""
-        rid = body.get("rid")
-        if not isinstance(rid, str):
-            return _error(400, "rid: a string is required")
-        known = self.rids.get(rid)
-        targets = [known] if known is not None else [i for i, w in enumerate(self.workers) if w.healthy]
-        for i in targets:
-            try:
-                r = await self.client.post(f"{self.workers[i].url}/abort_request", json={"rid": rid}, timeout=30)
-            except httpx.HTTPError:
-                continue
-            if r.status_code == 200:
-                return Response(r.content, status_code=200, media_type="application/json")
-        return _error(404, f"no request {rid!r} in flight", "not_found")
-
-    async def any_worker(self, path: str, body: dict[str, Any]) -> Response:
-        """A request any worker answers alike (they serve one model): the least loaded healthy one."""
-        tried: set[int] = set()
-        while (i := self.choose((), None, tried)) is not None:
-            tried.add(i)
-            try:
-                r = await self.client.post(f"{self.workers[i].url}{path}", json=body, timeout=60)
-            except httpx.HTTPError as e:
-                self._take_out(i, f"{type(e).__name__}: {e}")
-                continue
-            return Response(r.content, status_code=r.status_code,
-                            media_type=r.headers.get("content-type", "application/json"))
-        return _error(503, "no healthy worker", "service_unavailable")
-
-    async def _relay(self, i: int, upstream: httpx.Response, rids: list[str]) -> AsyncIterator[bytes]:
-        w = self.workers[i]
-        try:
-            async for chunk in upstream.aiter_raw():
-                yield chunk
-        except httpx.HTTPError as e:  # bytes already went out: end the stream with an error
-            self._take_out(i, f"{type(e).__name__}: {e}")
-            err = {"error": {"message": f"worker {w.url} failed mid-stream: {type(e).__name__}",
-                             "type": "worker_failed", "code": 502}}
-            yield f"data: {json.dumps(err)}\n\n".encode()
-        finally:
-            w.inflight -= 1
-            self._untrack(rids, i)
-            await upstream.aclose()
-
-    async def fan_out(self, method: str, path: str) -> list[tuple[str, int, Any]]:
-        async def one(w: Worker):
-            try:
-                r = await self.client.request(method, f"{w.url}{path}", timeout=30)
-                return w.url, r.status_code, r.json()
-            except (httpx.HTTPError, ValueError) as e:
-                return w.url, 0, {"error": str(e)}
-        return list(await asyncio.gather(*(one(w) for w in self.workers if w.healthy)))
-
-    def info(self) -> dict[str, Any]:
-        return {"policy": self.settings.policy, "retries": self.retries,
-                "decisions": dict(getattr(self.policy, "decisions", {})),
-                "workers": [{"url": w.url, "healthy": w.healthy, "inflight": w.inflight, "routed": w.routed,
-                             "failures": w.failures, "last_error": w.last_error} for w in self.workers]}
-
-
-def client_rids(body: dict[str, Any]) -> list[str]:
-    """The request ids a /generate body names (one, or one per prompt of a batch)."""
-    rid = body.get("rid")
-    if isinstance(rid, str):
-        return [rid]
-    return [r for r in rid if isinstance(r, str)] if isinstance(rid, list) else []
-
-
-def _error(status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status_code=status)
+routes = APIRouter()
 
 
 def create_router_app(settings: RouterSettings) -> FastAPI:
@@ -284,81 +37,85 @@ def create_router_app(settings: RouterSettings) -> FastAPI:
 
     app = FastAPI(title="radixkv router", lifespan=lifespan)
     app.state.router = router
-
-    expected = f"Bearer {settings.api_key}".encode() if settings.api_key else None
-
-    @app.middleware("http")
-    async def api_key(request: Request, call_next):
-        if expected is not None and request.url.path not in ("/health",):
-            given = request.headers.get("authorization", "").encode()
-            if not secrets.compare_digest(given, expected):  # constant time
-                return _error(401, "missing or wrong API key (Authorization: Bearer ...)", "authentication_error")
-        return await call_next(request)
-
-    async def body_of(request: Request) -> dict[str, Any] | Response:
-        try:
-            body = await request.json()
-        except (ValueError, RecursionError):
-            return _error(400, "the body is not valid JSON")
-        if not isinstance(body, dict):
-            return _error(400, "the body must be a JSON object")
-        return body
-
-    async def routed(request: Request) -> Response:
-        body = await body_of(request)
-        return body if isinstance(body, Response) else await router.forward(request.url.path, body)
-
-    async def any_worker(request: Request) -> Response:
-        body = await body_of(request)
-        return body if isinstance(body, Response) else await router.any_worker(request.url.path, body)
-
-    async def abort(request: Request) -> Response:
-        body = await body_of(request)
-        return body if isinstance(body, Response) else await router.abort(body)
-
-    for path in ROUTED:
-        app.add_api_route(path, routed, methods=["POST"])
-    for path in ANY_WORKER:
-        app.add_api_route(path, any_worker, methods=["POST"])
-    app.add_api_route("/abort_request", abort, methods=["POST"])
-
-    @app.get("/health")
-    async def health():
-        if any(w.healthy for w in router.workers):
-            return {"status": "ok", "healthy_workers": sum(w.healthy for w in router.workers)}
-        return _error(503, "no healthy worker", "service_unavailable")
-
-    @app.get("/v1/models")
-    async def models():
-        for w in router.workers:
-            if w.healthy:
-                try:
-                    r = await router.client.get(f"{w.url}/v1/models", timeout=10)
-                    return Response(r.content, status_code=r.status_code, media_type="application/json")
-                except httpx.HTTPError:
-                    continue
-        return _error(503, "no healthy worker", "service_unavailable")
-
-    @app.get("/server_info")
-    async def server_info():
-        return {"router": router.info(), "workers": {url: info for url, _, info in await router.fan_out("GET", "/server_info")}}
-
-    @app.post("/flush_cache")
-    async def flush_cache():
-        results = await router.fan_out("POST", "/flush_cache")
-        ok = all(status == 200 for _, status, _ in results)
-        return JSONResponse({"flushed": ok, "workers": {u: s for u, s, _ in results}}, status_code=200 if ok else 409)
-
-    @app.get("/metrics")
-    async def metrics():
-        lines = ["# TYPE radixkv_router_routed_total counter"]
-        for w in router.workers:
-            lines.append(f'radixkv_router_routed_total{{worker="{w.url}"}} {w.routed}')
-        lines.append("# TYPE radixkv_router_worker_healthy gauge")
-        for w in router.workers:
-            lines.append(f'radixkv_router_worker_healthy{{worker="{w.url}"}} {int(w.healthy)}')
-        lines.append("# TYPE radixkv_router_retries_total counter")
-        lines.append(f"radixkv_router_retries_total {router.retries}")
-        return Response("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
-
+    if settings.api_key:
+        app.add_middleware(ApiKeyMiddleware, api_keys=(settings.api_key,))
+    app.include_router(routes)
     return app
+
+
+async def body_of(request: Request) -> dict[str, Any] | Response:
+    try:
+        body = await request.json()
+    except (ValueError, RecursionError):
+        return error_response(400, "the body is not valid JSON", "invalid_request_error")
+    if not isinstance(body, dict):
+        return error_response(400, "the body must be a JSON object", "invalid_request_error")
+    return body
+
+
+async def routed(request: Request) -> Response:
+    body = await body_of(request)
+    return body if isinstance(body, Response) else await request.app.state.router.forward(request.url.path, body)
+
+
+async def any_worker(request: Request) -> Response:
+    body = await body_of(request)
+    return body if isinstance(body, Response) else await request.app.state.router.any_worker(request.url.path, body)
+
+
+for _path in ROUTED:
+    routes.add_api_route(_path, routed, methods=["POST"])
+for _path in ANY_WORKER:
+    routes.add_api_route(_path, any_worker, methods=["POST"])
+
+
+@routes.post("/abort_request")
+async def abort(request: Request) -> Response:
+    body = await body_of(request)
+    return body if isinstance(body, Response) else await request.app.state.router.abort(body)
+
+
+@routes.get("/health")
+async def health(request: Request):
+    workers = request.app.state.router.workers
+    if any(w.healthy for w in workers):
+        return {"status": "ok", "healthy_workers": sum(w.healthy for w in workers)}
+    return error_response(503, "no healthy worker", "service_unavailable")
+
+
+@routes.get("/v1/models")
+async def models(request: Request):
+    router = request.app.state.router
+    for w in router.workers:
+        if w.healthy:
+            try:
+                r = await router.client.get(f"{w.url}/v1/models", timeout=10)
+                return Response(r.content, status_code=r.status_code, media_type="application/json")
+            except httpx.HTTPError:
+                continue
+    return error_response(503, "no healthy worker", "service_unavailable")
+
+
+@routes.get("/server_info")
+async def server_info(request: Request):
+    router = request.app.state.router
+    return {"router": router.info(), "workers": {url: info for url, _, info in await router.fan_out("GET", "/server_info")}}
+
+
+@routes.post("/flush_cache")
+async def flush_cache(request: Request):
+    results = await request.app.state.router.fan_out("POST", "/flush_cache")
+    ok = all(status == 200 for _, status, _ in results)
+    return JSONResponse({"flushed": ok, "workers": {u: s for u, s, _ in results}}, status_code=200 if ok else 409)
+
+
+@routes.get("/metrics")
+async def metrics(request: Request):
+    router = request.app.state.router
+    lines = ["# TYPE radixkv_router_routed_total counter"]
+    lines += [f'radixkv_router_routed_total{{worker="{w.url}"}} {w.routed}' for w in router.workers]
+    lines.append("# TYPE radixkv_router_worker_healthy gauge")
+    lines += [f'radixkv_router_worker_healthy{{worker="{w.url}"}} {int(w.healthy)}' for w in router.workers]
+    lines.append("# TYPE radixkv_router_retries_total counter")
+    lines.append(f"radixkv_router_retries_total {router.retries}")
+    return Response("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")

@@ -9,7 +9,8 @@ import sys
 from urllib.parse import urlparse
 
 from radixkv.logs import setup_logging
-from radixkv.router.app import RouterSettings, create_router_app
+from radixkv.router.app import create_router_app
+from radixkv.router.workers import RouterSettings
 
 
 def check_worker_url(url: str) -> str:

@@ -14,7 +14,7 @@ by running requests and not by the tree.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from radixkv.errors import CacheInvariantError
 from radixkv.mem import KVMemory, MatchResult, PrefixCache, pages_for_tokens
@@ -71,12 +71,12 @@ class RequestKV:
         The chunk and `retract_decode_steps` tokens of headroom are reserved as one span, so
         page rounding is counted once (as `validate` counts it). Evicts only when that makes
         enough room."""
-        match = match if match is not None else self.peek(req)
+        match = self.cache.settle(match if match is not None else self.peek(req))  # current, on a node
         host_tokens = 0
         if match.host_tokens:  # copy the host tier's part back rather than recompute it
             loaded = self.cache.load_back(match)
-            host_tokens, match = loaded.num_tokens - match.num_tokens, loaded
-        match = self.cache.settle(match)
+            # what did not fit back is recomputed: this request uses none of it
+            host_tokens, match = loaded.num_tokens - match.num_tokens, replace(loaded, host_tokens=0)
         self.cache.lock(match.last_node)
         n = min(req.seq_len - match.num_tokens, chunk)
         horizon = min(req.remaining_new_tokens, self.horizon)

@@ -158,9 +158,11 @@ class Scheduler:
             return None
         if req in self.waiting:
             self.waiting.remove(req)
-        for reqs in self.grammar_waiting.values():
-            if req in reqs:
-                reqs.remove(req)
+        spec = req.params.grammar
+        if req in self.grammar_waiting.get(spec, ()):
+            self.grammar_waiting[spec].remove(req)
+            if not self.grammar_waiting[spec]:  # nobody waits for it now: the compile may finish unread
+                del self.grammar_waiting[spec]
         self._finish(req, {"type": "abort", "message": message})
         return req.take_output(error=message if error_kind else None, error_kind=error_kind)
 

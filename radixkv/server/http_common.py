@@ -92,7 +92,7 @@ def validation_message(e: ValidationError) -> str:
 
 
 # -- request bodies --------------------------------------------------------------------------------
-_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
 async def json_body(request: Request) -> dict[str, Any]:
@@ -108,14 +108,18 @@ async def json_body(request: Request) -> dict[str, Any]:
         if len(body) > limit:
             raise HTTPError(413, f"request body exceeds the limit of {limit} bytes (--max-body-bytes)")
     try:
-        data = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise HTTPError(400, f"malformed JSON body: {e}") from None
+        text = body.decode("utf-8")  # strict: encoded surrogates are not UTF-8 (json.loads would pass them)
+    except UnicodeDecodeError as e:
+        raise HTTPError(400, f"the body is not UTF-8 text: {e}") from None
+    try:
+        data = json.loads(text)
     except RecursionError:
         raise HTTPError(400, "malformed JSON body: nested too deeply") from None
+    except ValueError as e:  # JSONDecodeError, and numbers past Python's digit limit
+        raise HTTPError(400, f"malformed JSON body: {e}") from None
     if not isinstance(data, dict):
         raise HTTPError(400, f"the body must be a JSON object, got {type(data).__name__}")
-    if _SURROGATE_ESCAPE.search(body):  # only then can a string hold a lone surrogate
+    if _SURROGATE_ESCAPE.search(text):  # only then can a string hold a lone surrogate
         _check_unicode(data, "")
     return data
 
@@ -184,6 +188,19 @@ async def until_disconnected(request: Request, work: Awaitable[T]) -> T:
         await asyncio.gather(task, return_exceptions=True)
         raise ClientDisconnected()
     return task.result()
+
+
+async def all_or_none(*work: Awaitable[T]) -> list[T]:
+    """Every result of `work`, run together; when one fails, the others are cancelled (their
+    requests aborted) before its error is raised."""
+    tasks = [asyncio.ensure_future(w) for w in work]
+    try:
+        return await asyncio.gather(*tasks)
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
 
 
 async def first_then_rest(request: Request, items: AsyncIterator[T]) -> tuple[T | None, AsyncIterator[T]]:

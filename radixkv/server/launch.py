@@ -117,16 +117,19 @@ class Children:
 
 
 class Shutdown:
-    """What stops the server: a signal (SIGTERM drains, SIGINT does not wait) or a dead child."""
+    """What stops the server: a signal (SIGTERM drains, SIGINT does not wait) or a dead child.
+    A second signal stops at once, wherever shutting down has got to (`on_force`)."""
 
     def __init__(self) -> None:
         self.signal: int | None = None
         self.requested = asyncio.Event()
         self.forced = False
+        self.on_force = lambda: None
 
     def on_signal(self, sig: int) -> None:
         if self.signal is not None:  # a second signal: stop now
             self.forced = True
+            self.on_force()
         self.signal = self.signal or sig
         self.requested.set()
 
@@ -149,19 +152,64 @@ class QuietServer:
         return _Server(config)
 
 
-async def drain(manager, shutdown: Shutdown, timeout: float) -> None:
-    """Refuse new requests, give those in flight `timeout` seconds (none after Ctrl-C), then end
-    what is left with an error."""
+async def drain(manager, shutdown: Shutdown, timeout: float, dead=lambda: None) -> None:
+    """Refuse new requests, give those in flight `timeout` seconds (none after Ctrl-C, nor once
+    a child process has died: `dead()`), then end what is left with an error."""
     manager.start_draining("the server is shutting down")
     wait = timeout if shutdown.signal == signal.SIGTERM else 0.0
     deadline = time.monotonic() + wait
     if manager.in_flight:
         logger.info("shutting down: %d request(s) in flight, waiting up to %.0f s", manager.in_flight, wait)
-    while manager.in_flight and time.monotonic() < deadline and not shutdown.forced:
+    while manager.in_flight and time.monotonic() < deadline and not shutdown.forced and not dead():
         await asyncio.sleep(0.05)
     if manager.in_flight:
         logger.warning("shutting down: ending %d request(s) that did not finish", manager.in_flight)
     manager.fail_all("the server is shutting down" + (" (--shutdown-timeout passed)" if wait else ""))
+
+
+async def wait_ready(manager, children: Children, shutdown: Shutdown) -> dict | int:
+    """The scheduler's info once the model is loaded, or the exit code when it never will be
+    (a child died while loading, or a signal came first)."""
+    from radixkv.server.tokenizer_manager import ServiceUnavailable
+
+    ready = asyncio.ensure_future(manager.wait_ready())
+    while not ready.done():  # a child that dies while loading must not leave us waiting
+        await asyncio.wait([ready], timeout=WATCH_SECONDS)
+        if shutdown.requested.is_set():
+            ready.cancel()
+            return shutdown.exit_code
+        reason = children.dead()
+        if reason and not ready.done():
+            await asyncio.sleep(WATCH_SECONDS)  # its last message may still be in flight
+            if not ready.done():
+                manager.fail_all(reason)
+    try:
+        return ready.result()
+    except ServiceUnavailable as e:
+        print(f"radixkv: error: {e}", file=sys.stderr, flush=True)
+        return 2
+
+
+async def watch(server, manager, children: Children, shutdown: Shutdown, settings, ready_line: str) -> int | None:
+    """Print the ready line once uvicorn listens; then, until a signal or a dead child, keep
+    serving; then drain and stop uvicorn. The exit code a dead child sets, else None."""
+    while not server.started:
+        await asyncio.sleep(0.05)
+    print(ready_line, flush=True)
+    exit_code = None
+    while not shutdown.requested.is_set():
+        reason = children.dead()
+        if reason:
+            logger.error(reason)
+            manager.fail_all(reason)
+            exit_code = 1
+            break
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(shutdown.requested.wait(), WATCH_SECONDS)
+    if exit_code is None:
+        await drain(manager, shutdown, settings.shutdown_timeout, children.dead)
+    server.should_exit = True
+    return exit_code
 
 
 async def _serve(config: EngineConfig, host: str, port: int, settings) -> int:
@@ -169,7 +217,7 @@ async def _serve(config: EngineConfig, host: str, port: int, settings) -> int:
 
     from radixkv.server.http_app import create_app
     from radixkv.server.metrics import ServerMetrics
-    from radixkv.server.tokenizer_manager import ServiceUnavailable, TokenizerManager
+    from radixkv.server.tokenizer_manager import TokenizerManager
     from radixkv.tokenizer import Tokenizer
 
     shutdown = Shutdown()
@@ -184,55 +232,26 @@ async def _serve(config: EngineConfig, host: str, port: int, settings) -> int:
         manager = TokenizerManager(Tokenizer(config.model), endpoints, on_finished=metrics.observe_finished)
         manager.start()
         children.start()
-        ready = asyncio.ensure_future(manager.wait_ready())
-        while not ready.done():  # a child that dies while loading must not leave us waiting
-            await asyncio.wait([ready], timeout=WATCH_SECONDS)
-            if shutdown.requested.is_set():
-                ready.cancel()
-                return shutdown.exit_code
-            reason = children.dead()
-            if reason and not ready.done():
-                await asyncio.sleep(WATCH_SECONDS)  # its last message may still be in flight
-                if not ready.done():
-                    manager.fail_all(reason)
-        try:
-            info = ready.result()
-        except ServiceUnavailable as e:
-            print(f"radixkv: error: {e}", file=sys.stderr, flush=True)
-            return 2
+        info = await wait_ready(manager, children, shutdown)
+        if isinstance(info, int):
+            return info
         app = create_app(manager, settings, metrics)
         app.state.child_pids = {name: proc.pid for name, proc in children.procs.items()}
         app.state.ipc_directory = endpoints.directory
         server = QuietServer(uvicorn.Config(app, host=host, port=port, log_level=config.log_level,
                                             access_log=config.log_level == "debug", lifespan="off",
                                             timeout_graceful_shutdown=5))
-        exit_code = None
-
-        async def watch() -> None:
-            nonlocal exit_code
-            while not server.started:
-                await asyncio.sleep(0.05)
-            shown = f"[{host}]" if ":" in host else host
-            print(f"radixkv ready: http://{shown}:{port} serving {settings.model_name} "
-                  f"({info['max_total_tokens']} KV tokens; OpenAI API at http://{shown}:{port}/v1)", flush=True)
-            while not shutdown.requested.is_set():
-                reason = children.dead()
-                if reason:
-                    logger.error(reason)
-                    manager.fail_all(reason)
-                    exit_code = 1
-                    break
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(shutdown.requested.wait(), WATCH_SECONDS)
-            if exit_code is None:
-                await drain(manager, shutdown, settings.shutdown_timeout)
-            server.should_exit = True
-
-        watcher = asyncio.create_task(watch())
+        shutdown.on_force = lambda: setattr(server, "force_exit", True)  # uvicorn's own "stop now"
+        shown = f"[{host}]" if ":" in host else host
+        ready_line = (f"radixkv ready: http://{shown}:{port} serving {settings.model_name} "
+                      f"({info['max_total_tokens']} KV tokens; OpenAI API at http://{shown}:{port}/v1)")
+        watcher = asyncio.create_task(watch(server, manager, children, shutdown, settings, ready_line))
         await server.serve()
-        watcher.cancel()
         if not server.started:
+            watcher.cancel()
             return 2
+        exit_code = await watcher if watcher.done() else None
+        watcher.cancel()
         return exit_code if exit_code is not None else shutdown.exit_code
     finally:
         try:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import astuple
 from typing import Any
@@ -13,6 +12,7 @@ from radixkv.errors import InvalidRequestError
 from radixkv.results import Collected
 from radixkv.sampling_params import LogprobParams, SamplingParams
 from radixkv.server.http_common import (
+    all_or_none,
     HTTPError,
     first_then_rest,
     parse,
@@ -54,7 +54,7 @@ async def generate(request: Request):
             await source.aclose()
             first.raise_if_error()
         return streaming_response(native_events(chunks, logprobs[0]))
-    results = await until_disconnected(request, asyncio.gather(
+    results = await until_disconnected(request, all_or_none(
         *(manager.generate(ids, p, rid, logprob=lp, principal=who) for ids, p, rid, lp in
           zip(prompts, params, rids, logprobs))))
     outs = [{"text": text, "output_ids": got.ids, "meta_info": last.meta_info() | got.logprob_meta(*astuple(lp))}

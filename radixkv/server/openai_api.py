@@ -17,10 +17,11 @@ from typing import Any, TypeVar
 
 from fastapi import APIRouter, Request
 
-from radixkv.errors import InvalidRequestError, RadixKVError
+from radixkv.errors import EngineError, InvalidRequestError, RadixKVError
 from radixkv.results import Collected
 from radixkv.sampling_params import LogprobParams, SamplingParams
 from radixkv.server.http_common import (
+    all_or_none,
     HTTPError,
     first_then_rest,
     json_body,
@@ -125,7 +126,7 @@ async def chat_completions(request: Request):
         streams = [(j, job.ids, p, job.logprob) for j, p in enumerate(job.params)]
         chunks = await started(request, merged(manager, streams))
         return streaming_response(chat_events(manager, job, chunks, meta, include_usage))
-    results = await until_disconnected(request, asyncio.gather(
+    results = await until_disconnected(request, all_or_none(
         *(manager.generate(job.ids, p, logprob=job.logprob) for p in job.params)))
     choices = [{"index": j, "message": {"role": "assistant", "content": text},
                 "logprobs": chat_logprobs(manager, job, got), "finish_reason": finish_reason_name(last.finish_reason)}
@@ -141,7 +142,7 @@ async def completions(request: Request):
     body = await openai_body(request, CompletionBody, UNSUPPORTED_COMPLETION)
     jobs = jobs_for(manager, completion_prompts(manager, body.prompt), body, body.max_tokens)
     meta = response_meta(request, "cmpl")
-    await until_disconnected(request, asyncio.gather(*(job.prefill_if_shared(manager) for job in jobs)))
+    await until_disconnected(request, all_or_none(*(job.prefill_if_shared(manager) for job in jobs)))
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         streams, owner = [], {}
@@ -152,8 +153,8 @@ async def completions(request: Request):
                 owner[index] = job
         chunks = await started(request, merged(manager, streams))
         return streaming_response(completion_events(manager, jobs, owner, chunks, meta, include_usage))
-    per_job = await until_disconnected(request, asyncio.gather(
-        *(asyncio.gather(*(manager.generate(job.ids, p, logprob=job.logprob) for p in job.params)) for job in jobs)))
+    per_job = await until_disconnected(request, all_or_none(
+        *(all_or_none(*(manager.generate(job.ids, p, logprob=job.logprob) for p in job.params)) for job in jobs)))
     choices, completion, cached = [], 0, 0
     for i, (job, results) in enumerate(zip(jobs, per_job)):
         for j, (text, got, last) in enumerate(results):
@@ -224,6 +225,8 @@ async def merged(manager: TokenizerManager, streams: list[tuple[int, list[int], 
                 await queue.put((index, chunk))
         except RadixKVError as e:
             await queue.put((index, e))
+        except Exception as e:  # noqa: BLE001 - never leave the consumer waiting for a dead pump
+            await queue.put((index, EngineError(f"choice {index} failed: {type(e).__name__}: {e}")))
 
     tasks = [asyncio.create_task(pump(*s)) for s in streams]
     try:

@@ -138,8 +138,11 @@ class TokenizerManager:
                      namespace: str | None = None, logprob: LogprobParams = NO_LOGPROBS,
                      principal: str = "") -> AsyncIterator[Chunk]:
         """Chunks of one request as they decode (named `rid` if the client named it). Leaving
-        early (a client that disconnects) aborts the request, so its pages come back."""
-        self._check_accepting()
+        early (a client that disconnects) aborts the request, so its pages come back.
+
+        Only a dead runtime refuses here: a request `check` accepted before draining began may
+        still start its parts (the samples of n > 1 after their shared prefill)."""
+        self._check_alive()
         request_id, name = uuid.uuid4().hex, None
         if rid is not None:
             name = (principal, rid)
@@ -160,7 +163,10 @@ class TokenizerManager:
             if name is not None:
                 del self.client_rids[name]
             if not finished and self.dead is None:
-                self._send(AbortMsg(request_id))
+                try:
+                    self._send(AbortMsg(request_id))
+                except ServiceUnavailable:  # the scheduler ends it when it catches up, or dies
+                    logger.warning("could not abort request %s: the scheduler's queue is full", request_id)
 
     async def generate(self, input_ids: list[int], params: SamplingParams, rid: str | None = None,
                        namespace: str | None = None, logprob: LogprobParams = NO_LOGPROBS,
@@ -217,7 +223,10 @@ class TokenizerManager:
             raise ServiceUnavailable(self.draining)
 
     def _send(self, msg) -> None:
-        self.to_scheduler.send(encode(msg), zmq.NOBLOCK)
+        try:
+            self.to_scheduler.send(encode(msg), zmq.NOBLOCK)
+        except zmq.Again:
+            raise ServiceUnavailable("the scheduler is not taking messages (its queue is full); retry") from None
 
     async def _receive_forever(self) -> None:
         while True:

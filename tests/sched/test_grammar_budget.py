@@ -93,3 +93,25 @@ def test_config_refuses_a_bad_budget():
         EngineConfig(grammar_compile_memory="lots")
     assert EngineConfig(grammar_compile_memory="512MiB").grammar_compile_memory_bytes == 512 << 20
     assert json.dumps(EngineConfig().grammar_compile_timeout) == "10.0"
+
+
+def test_aborting_a_request_whose_grammar_compiles_leaves_nothing_waiting(chat_model):
+    """Found in review: the abort left an empty waiting list behind, so the scheduler counted
+    work it did not have (flush_cache answered 'busy' until the compile ended)."""
+    from radixkv.config import EngineConfig
+    from radixkv.sampling_params import SamplingParams
+    from radixkv.sched import Req, Scheduler
+
+    sched = Scheduler.load(EngineConfig(model=chat_model, max_total_tokens=1024, log_level="warning"),
+                           progress=False)
+    try:
+        req = Req("slow", [1, 2, 3], SamplingParams(max_new_tokens=4, json_schema=SLOW_SCHEMA))
+        sched.add_request(req)
+        sched.step()
+        assert sched.has_work and sched.get_stats()["waiting_requests"] == 1
+        out = sched.abort("slow")
+        assert out.finished and out.finish_reason["type"] == "abort"
+        assert not sched.has_work and sched.flush_cache()
+        sched.check_invariants()
+    finally:
+        sched.close()

@@ -51,6 +51,10 @@ CASES = [
     ("POST", "/tokenize", {"messages": [{"content": "hi"}]}, 400, "missing field 'messages.0.role'"),
     ("POST", "/generate", {"text": "hi", "sampling_params": {"top_k": -5}}, 400, "sampling_params.top_k=-5"),
     ("POST", "/generate", {"text": "hi", "sampling_params": {"top_k": 10**9}}, 400, "sampling_params.top_k"),
+    # found in review: each was a 500
+    ("POST", "/generate", b'{"input_ids": [' + b"1" * 5000 + b"]}", 400, "malformed JSON body"),
+    ("POST", "/generate", b'{"text": "ab\xed\xa0\x80cd"}', 400, "not UTF-8"),
+    ("POST", "/tokenize", b'{"text": "\xed\xb0\x80"}', 400, "not UTF-8"),
 ]
 
 
@@ -75,6 +79,16 @@ def test_missing_or_wrong_api_key_is_401_but_health_is_open(server, headers):
     r = httpx.post(f"{server.url}/generate", json={"text": "hi"}, headers=headers)
     assert r.status_code == 401 and "API key" in r.json()["error"]["message"]
     assert httpx.get(f"{server.url}/health").status_code == 200
+
+
+def test_a_batch_refused_in_part_leaves_nothing_running(server):
+    """Found in review: when one prompt of a batch failed (here: a rid used twice), the others
+    ran on to max_new_tokens after the client had its answer."""
+    with server.client() as c:
+        r = c.post("/generate", json={"text": ["Tell me a long story.", "And another."], "rid": ["twice", "twice"],
+                                      "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True}})
+    assert r.status_code == 400 and "already in use" in r.json()["error"]["message"]
+    server.wait_idle(timeout=10)
 
 
 def test_after_every_bad_request_the_server_is_healthy_and_leaks_nothing(server):

@@ -179,3 +179,37 @@ def test_socket_directories_of_killed_servers_are_removed(tmp_path):
     removed = {Path(p).name for p in remove_stale(str(tmp_path))}
     assert removed == {stale.name, mine.name}
     assert alive.exists() and other.exists()
+
+
+def test_a_draining_server_refuses_new_requests_but_lets_accepted_ones_start_their_parts():
+    """Found in review: the samples of an n > 1 request accepted before a SIGTERM start after
+    its shared prefill, and were refused as new work."""
+    import asyncio
+
+    from radixkv.errors import ServiceUnavailable
+    from radixkv.sampling_params import SamplingParams
+    from radixkv.server.sockets import Endpoints
+    from radixkv.server.tokenizer_manager import TokenizerManager
+    from radixkv.validation import RequestLimits
+
+    async def main():
+        endpoints = Endpoints.create()
+        manager = TokenizerManager(None, endpoints)
+        manager.limits = RequestLimits(100, 64, 1024, 1, False)
+        try:
+            params = SamplingParams(max_new_tokens=2)
+            manager.check([1, 2], params)
+            manager.start_draining("the server is shutting down")
+            with pytest.raises(ServiceUnavailable, match="shutting down"):
+                manager.check([1, 2], params)  # a new request
+            part = manager.stream([1, 2], params)  # a part of one accepted before: sent, then waits
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(part.__anext__(), 0.2)
+            manager.fail_all("stopped")
+            with pytest.raises(ServiceUnavailable):
+                manager.stream([1, 2], params).__anext__().send(None)
+        finally:
+            manager.close()
+            endpoints.remove()
+
+    asyncio.run(main())
