@@ -103,9 +103,7 @@ class GrammarService:
 
     def poll(self, timeout: float = 0.0) -> list[tuple[GrammarSpec, Compiled | Refused]]:
         """The grammars whose result became known, waiting up to `timeout` seconds for one."""
-        done, self._failed = self._failed, []
-        if self._proc is not None:
-            done += self._read(timeout)
+        done = self._read(timeout) if self._proc is not None else []
         if self._proc is not None:
             now = time.monotonic()
             receiving = self._receiving_since
@@ -117,7 +115,8 @@ class GrammarService:
             elif not self._ready and now - self._started_at > START_TIMEOUT_S:
                 done += self._fail_start(f"the grammar compiler did not start within {START_TIMEOUT_S:.0f} s")
         self._advance()
-        return done + self._failed_now()
+        done, self._failed = done + self._failed, []  # with what failed to start since the last poll
+        return done
 
     def _read(self, timeout: float) -> list[tuple[GrammarSpec, Compiled | Refused]]:
         """Frames the process has sent, reading until its pipe is empty (a large compiled grammar
@@ -126,18 +125,17 @@ class GrammarService:
         readable, _, _ = select.select([fd], [], [], max(0.0, timeout))
         while readable:
             data = os.read(fd, 1 << 20)
-            if not data:
-                return self._lost("the grammar compiler stopped while compiling it (it may need more memory than "
-                                  "grammar_compile_memory allows)")
+            if not data:  # it exited: what it sent first still counts
+                done = self._take_frames()
+                if self._proc is None:  # those frames settled it (a compile over the memory budget)
+                    return done
+                return done + self._lost("the grammar compiler stopped while compiling it (it may need more "
+                                         "memory than grammar_compile_memory allows)")
             self._buffer += data
             readable, _, _ = select.select([fd], [], [], 0)
         done = self._take_frames()
         if self._inflight is not None and self._buffer and self._receiving_since is None:
             self._receiving_since = time.monotonic()  # its result is on its way: the compile is done
-        return done
-
-    def _failed_now(self) -> list[tuple[GrammarSpec, Compiled | Refused]]:
-        done, self._failed = self._failed, []
         return done
 
     def matcher(self, compiled: Compiled) -> RequestGrammar:

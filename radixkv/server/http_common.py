@@ -38,11 +38,6 @@ class ServerSettings:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT  # seconds a SIGTERM waits for requests in flight
 
-    @property
-    def api_key(self) -> str | None:
-        """The first key (the one the router sends), or None."""
-        return self.api_keys[0] if self.api_keys else None
-
 
 class HTTPError(RadixKVError):
     """An error that is an HTTP answer of its own (404, 409, 413, ...)."""
