@@ -21,6 +21,12 @@ request's attention is split where the mask has a simple shape:
   two parts merge by log-sum-exp. With 32 requests on one 2k-token prompt this cuts the KV a
   step reads 32-fold.
 
+- **Shared prefixes in extend** (cascade extend): requests of one prefill batch that extend the
+  same cached prefix (16 questions about one 2k-token document) attend to it in one flash call
+  whose query rows are all of their new tokens: the prefix's K/V are gathered and read once,
+  and one large product replaces one per request. Each request's own part (the rest of its
+  prefix, and its new tokens causally) merges with it by log-sum-exp.
+
 Sliding-window layers keep the reference's masked path (the fused kernel has no window).
 Every function here is tested against the reference.
 """
@@ -70,11 +76,21 @@ class DecodeRows:
 
 
 @dataclass(frozen=True)
+class SharedExtend:
+    """Extend spans (indices into `SdpaPlan.spans`) whose prefixes start with the same slots,
+    attended over those once for all of their new tokens."""
+
+    spans: list[int]
+    slots: torch.Tensor  # (P,) int64 the shared part of their prefixes
+
+
+@dataclass(frozen=True)
 class SdpaPlan:
     """Per-forward work shared by every layer: which rows take which path, gather indices."""
 
     spans: list[ExtendSpan]
     decode: DecodeRows | None
+    shared_extends: tuple[SharedExtend, ...] = ()
 
 
 def plan(
@@ -95,8 +111,35 @@ def plan(
         elif n > 1:
             slots = req_to_token[row, :prefix_len].long() if prefix_len else None  # (P,)
             spans.append(ExtendSpan(start, n, slots))
+    shared, spans = _shared_extends(spans)
     return SdpaPlan(spans, _plan_decode(req_to_token, req_pool_indices, seq_lens,
-                                        extend_start_loc, dec, num_tokens) if dec else None)
+                                        extend_start_loc, dec, num_tokens) if dec else None, tuple(shared))
+
+
+def _shared_extends(spans: list[ExtendSpan]) -> tuple[list[SharedExtend], list[ExtendSpan]]:
+    """Groups of extend spans whose prefixes start on the same slot, and the spans with each
+    member's prefix cut to what follows the group's shared part."""
+    groups: dict[int, list[int]] = {}
+    for i, s in enumerate(spans):
+        if s.prefix_slots is not None:
+            groups.setdefault(int(s.prefix_slots[0]), []).append(i)
+    shared, spans = [], list(spans)
+    for members in groups.values():
+        if len(members) < 2:
+            continue
+        first = spans[members[0]].prefix_slots
+        common = min(spans[i].prefix_slots.shape[0] for i in members)
+        same = torch.ones(common, dtype=torch.bool, device=first.device)  # (common,)
+        for i in members[1:]:
+            same &= spans[i].prefix_slots[:common] == first[:common]
+        prefix = common if bool(same.all()) else int(same.to(torch.int8).argmin())
+        if (len(members) - 1) * prefix < SHARED_MIN_SAVED_TOKENS:
+            continue
+        shared.append(SharedExtend(members, first[:prefix].clone()))
+        for i in members:
+            rest = spans[i].prefix_slots[prefix:]
+            spans[i] = ExtendSpan(spans[i].start, spans[i].num_new, rest if rest.numel() else None)
+    return shared, spans
 
 
 def _plan_decode(req_to_token, req_pool_indices, seq_lens, extend_start_loc, dec, num_tokens) -> DecodeRows:
@@ -173,9 +216,13 @@ def attention(
     if d is not None and d.all_rows:
         return decode_rows(q, k_buffer, v_buffer, d, sm_scale)
     o = torch.empty_like(q)  # (T, Hq, D)
-    for s in p.spans:
-        new = slice(s.start, s.start + s.num_new)
-        o[new] = extend_span(q[new], k[new], v[new], k_buffer, v_buffer, s.prefix_slots, sm_scale)
+    in_group = {i for g in p.shared_extends for i in g.spans}
+    for i, s in enumerate(p.spans):
+        if i not in in_group:
+            new = slice(s.start, s.start + s.num_new)
+            o[new] = extend_span(q[new], k[new], v[new], k_buffer, v_buffer, s.prefix_slots, sm_scale)
+    for g in p.shared_extends:
+        shared_extend(q, k, v, k_buffer, v_buffer, [p.spans[i] for i in g.spans], g.slots, sm_scale, o)
     if d is not None:
         o.index_copy_(0, d.rows, decode_rows(q.index_select(0, d.rows), k_buffer, v_buffer, d, sm_scale))
     return o
@@ -191,16 +238,50 @@ def extend_span(
     sm_scale: float,
 ) -> torch.Tensor:  # (n, Hq, D)
     """One request: causal over its n new tokens, unmasked over its P-token prefix, merged."""
-    dtype = q.dtype
+    o, _ = extend_span_parts(q, k, v, k_buffer, v_buffer, prefix_slots, sm_scale)
+    return o[0].transpose(0, 1).to(q.dtype)
+
+
+def extend_span_parts(q, k, v, k_buffer, v_buffer, prefix_slots, sm_scale) -> tuple[torch.Tensor, torch.Tensor]:
+    """`extend_span` before its last reshape: (1, Hq, n, D) float32 output and (1, Hq, n) lse."""
     qh = q.float().transpose(0, 1)[None]  # (1, Hq, n, D), a view of (n, Hq, D) memory
     o_new, lse_new = _flash(qh, k.float().transpose(0, 1)[None], v.float().transpose(0, 1)[None],
                             0.0, True, scale=sm_scale)  # (1, Hq, n, D), (1, Hq, n)
     if prefix_slots is None:
-        return o_new[0].transpose(0, 1).to(dtype)
+        return o_new, lse_new
     kp = k_buffer.index_select(0, prefix_slots).float().transpose(0, 1)[None]  # (1, Hkv, P, D)
     vp = v_buffer.index_select(0, prefix_slots).float().transpose(0, 1)[None]  # (1, Hkv, P, D)
     o_pre, lse_pre = _flash(qh, kp, vp, 0.0, False, scale=sm_scale)  # (1, Hq, n, D), (1, Hq, n)
-    return merge(o_new, lse_new, o_pre, lse_pre)[0].transpose(0, 1).to(dtype)
+    return merge(o_new, lse_new, o_pre, lse_pre), torch.logaddexp(lse_new, lse_pre)
+
+
+def shared_extend(
+    q: torch.Tensor,  # (T, Hq, D)
+    k: torch.Tensor,  # (T, Hkv, D)
+    v: torch.Tensor,  # (T, Hkv, D)
+    k_buffer: torch.Tensor,  # (S, Hkv, D)
+    v_buffer: torch.Tensor,  # (S, Hkv, D)
+    spans: list[ExtendSpan],  # their prefix_slots: what follows the shared part
+    shared_slots: torch.Tensor,  # (P,)
+    sm_scale: float,
+    out: torch.Tensor,  # (T, Hq, D) written at each span's rows
+) -> None:
+    """Several requests extending one cached prefix: every new token of theirs attends to the
+    shared prefix in one flash call; each request's own part merges in by log-sum-exp."""
+    dtype = q.dtype
+    index = torch.cat([torch.arange(s.start, s.start + s.num_new, device=q.device) for s in spans])  # (M,)
+    q_all = q.index_select(0, index).float().transpose(0, 1)[None]  # (1, Hq, M, D)
+    kp = k_buffer.index_select(0, shared_slots).float().transpose(0, 1)[None]  # (1, Hkv, P, D)
+    vp = v_buffer.index_select(0, shared_slots).float().transpose(0, 1)[None]
+    o_shared, lse_shared = _flash(q_all, kp, vp, 0.0, False, scale=sm_scale)  # (1, Hq, M, D), (1, Hq, M)
+    at = 0
+    for s in spans:
+        rows = slice(at, at + s.num_new)
+        at += s.num_new
+        new = slice(s.start, s.start + s.num_new)
+        o_own, lse_own = extend_span_parts(q[new], k[new], v[new], k_buffer, v_buffer, s.prefix_slots, sm_scale)
+        merged = merge(o_own, lse_own, o_shared[:, :, rows], lse_shared[:, :, rows])  # (1, Hq, n, D)
+        out[new] = merged[0].transpose(0, 1).to(dtype)
 
 
 def merge(o_a: torch.Tensor, lse_a: torch.Tensor, o_b: torch.Tensor, lse_b: torch.Tensor) -> torch.Tensor:

@@ -118,3 +118,50 @@ def test_two_shared_prefixes_and_a_row_of_its_own_in_one_decode_batch():
     fused, expected, plan = shared_prefix_batch([700, 1100], [4, 9, 2, 30, 6, 1], groups=[0, 1, 0, -1, 1, 0])
     assert sorted(s.slots.shape[0] for s in plan.decode.shared) == [700, 1100]
     assert_close(fused, expected)
+
+
+def shared_extend_batch(shared_len, own_prefix, new, *, hq=6, hkv=2, d=16, seed=5):
+    """Extend requests: request b's prefix is the shared `shared_len` slots then `own_prefix[b]`
+    slots of its own (shared_len 0 for b in `alone`), then `new[b]` new tokens."""
+    gen = torch.Generator().manual_seed(seed)
+    total = shared_len + sum(own_prefix) + sum(new) + 8
+    k_buffer = torch.randn(total, hkv, d, generator=gen)
+    v_buffer = torch.randn(total, hkv, d, generator=gen)
+    free = (torch.randperm(total - 1, generator=gen) + 1).tolist()  # scattered slots
+    shared = [free.pop() for _ in range(shared_len)]
+    B = len(new)
+    seqs = [shared + [free.pop() for _ in range(own_prefix[b] + new[b])] for b in range(B)]
+    req_to_token = torch.zeros(B + 1, max(map(len, seqs)) + 1, dtype=torch.int32)
+    for b, seq in enumerate(seqs):
+        req_to_token[b + 1, : len(seq)] = torch.tensor(seq, dtype=torch.int32)
+    seq_lens = torch.tensor([len(s) for s in seqs], dtype=torch.int32)
+    prefix_lens = torch.tensor([shared_len + p for p in own_prefix], dtype=torch.int32)
+    starts = torch.tensor([sum(new[:b]) for b in range(B)], dtype=torch.int32)
+    loc = torch.cat([req_to_token[b + 1, prefix_lens[b]: seq_lens[b]].long() for b in range(B)])
+    T = sum(new)
+    q, k, v = (torch.randn(T, h, d, generator=gen) for h in (hq, hkv, hkv))
+    reference.store_kv(k_buffer, v_buffer, loc, k, v)
+    rows = torch.arange(1, B + 1)
+    plan = sdpa_paged.plan(req_to_token, rows, seq_lens, prefix_lens, starts, T)
+    fused = sdpa_paged.attention(q, k, v, k_buffer, v_buffer, plan, d**-0.5)
+    expected = reference.extend_attention(q, k_buffer, v_buffer, req_to_token, rows, seq_lens, prefix_lens,
+                                          starts, max(new), d**-0.5)
+    return fused, expected, plan
+
+
+@pytest.mark.parametrize("own_prefix,new", [
+    ([0, 0, 0, 0], [7, 7, 7, 7]),  # four questions on one document
+    ([0, 5, 0, 33], [3, 12, 1, 6]),  # some also have turns of their own, one is a 1-token row
+])
+def test_extends_sharing_a_prefix_attend_to_it_once_and_match_reference(own_prefix, new):
+    fused, expected, plan = shared_extend_batch(700, own_prefix, new)
+    extends = [i for i, n in enumerate(new) if n > 1]
+    assert len(plan.shared_extends) == 1 and plan.shared_extends[0].slots.shape[0] == 700
+    assert sorted(plan.shared_extends[0].spans) == list(range(len(extends)))
+    assert_close(fused, expected)
+
+
+def test_short_shared_extend_prefixes_are_attended_per_request():
+    fused, expected, plan = shared_extend_batch(30, [0, 2], [5, 6])
+    assert not plan.shared_extends
+    assert_close(fused, expected)
