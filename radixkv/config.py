@@ -43,6 +43,9 @@ class EngineConfig:
                                   "reference (masked SDPA: slow, the ground truth for debugging)")
     num_threads: int | None = _opt(None, "torch compute threads of the model (default: the cores this "
                                    "process may use, from its CPU affinity)")
+    compile: str = _opt("auto", "compile the model's forward into one graph with torch.compile (inductor): "
+                         "auto (on for one CPU rank, where it was measured to pay), on, or off; compiled "
+                         "graphs are cached under cache_dir, so only a machine's first start compiles")
     tp_size: int = _opt(1, "tensor parallelism: run the model as this many processes (ranks), each "
                         "holding 1/N of the attention heads, KV heads, MLP and vocabulary, joined by "
                         "torch.distributed (gloo on CPU, NCCL on CUDA: one GPU per rank); must divide the "
@@ -81,6 +84,9 @@ class EngineConfig:
                                        "process's own (e.g. 2GiB, 512MB; 0: no limit); over it the request "
                                        "is refused (HTTP 400)")
     random_seed: int = _opt(0, "seed of the shared sampling generator (requests may carry their own)")
+    timeline_file: str | None = _opt(None, "append a JSON-lines timeline here: one line per forward (what it "
+                                     "ran, how long) and per finished request (queued, scheduled, first token, "
+                                     "finished), to see where time to first token goes (default: off)")
     log_level: str = _opt("info", "debug, info, warning or error (debug also checks cache "
                           "invariants after every step)")
 
@@ -98,7 +104,10 @@ class EngineConfig:
               "must be auto, torch, triton or reference")
         check(self.num_threads is None or (isinstance(self.num_threads, int) and self.num_threads >= 1),
               "num_threads", "must be a positive integer (or unset: the usable cores)")
+        check(self.compile in ("auto", "on", "off"), "compile", "must be auto, on or off")
         check(isinstance(self.tp_size, int) and self.tp_size >= 1, "tp_size", "must be a positive integer")
+        check(not (self.compile == "on" and self.tp_size > 1), "compile",
+              "'on' does not combine with tp_size > 1 (the collectives are not traced); use auto or off")
         if self.tp_size > 1 and self.torch_device.type == "cuda":
             check(self.device in ("auto", "cuda"), "tp_size", "with CUDA, the ranks take cuda:0..N-1: "
                   "give device=cuda (or auto), not one GPU")

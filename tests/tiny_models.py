@@ -19,6 +19,8 @@ TINY = {
                                     tie_word_embeddings=False),
     "qwen2-tp-tied": lambda: Qwen2Config(**{**COMMON, "num_key_value_heads": 4, "vocab_size": 509},
                                          tie_word_embeddings=True),
+    # positions for the 4,096-token prompts of the compiled forward's shape sweep
+    "llama-long": lambda: LlamaConfig(**{**COMMON, "max_position_embeddings": 8192}, tie_word_embeddings=False),
     "mistral-window": lambda: MistralConfig(**{**COMMON, "num_key_value_heads": 4}, sliding_window=6,
                                             tie_word_embeddings=False),
 }

@@ -22,6 +22,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import weakref
 
 import torch
 from torch import nn
@@ -80,11 +81,20 @@ def packing_supported(device: torch.device, dtype: torch.dtype) -> bool:
             and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
 
 
+_packed_by_key: weakref.WeakValueDictionary[int, PackedLinear] = weakref.WeakValueDictionary()
+
+
 class PackedLinear(nn.Module):
     """`y = x @ W.T + b` with W held only in oneDNN's blocked layout (CPU, fp32).
 
     The packed copy works for any number of rows; it is not a regular tensor (no `.data`), so
     the module keeps `in_features` / `out_features` for code that asks.
+
+    A compiled graph cannot hold the packed copy (the compiler neither traces nor caches oneDNN
+    tensors), so under tracing the product becomes one `radixkv::packed_linear` node whose input
+    is the module's `key`, a one-element tensor the op maps back to this module. The graph then
+    refers to no particular model: the same compiled code (and its on-disk cache) serves any
+    load of the same architecture, each call finding its own weights.
     """
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):  # weight: (out, in)
@@ -92,15 +102,51 @@ class PackedLinear(nn.Module):
         self.out_features, self.in_features = weight.shape
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous())
         self.bias = None if bias is None else bias.detach().clone()
+        self.register_buffer("key", torch.zeros(1, dtype=torch.uint8), persistent=False)  # (1,) names this module
+        _packed_by_key[self.key.data_ptr()] = self
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         """(T, in) -> (T, out), plus `residual` (T, out) if given, added inside the GEMM."""
+        if torch.compiler.is_compiling():
+            if residual is not None:
+                return torch.ops.radixkv.packed_linear_add(x, residual, self.key)
+            return torch.ops.radixkv.packed_linear(x, self.key, self.out_features)
+        return self.product(x, residual)
+
+    def product(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         if residual is not None:
             return torch.ops.mkldnn._linear_pointwise.binary(x, residual, self.packed, self.bias, "add")
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+def _packed(key: torch.Tensor) -> PackedLinear:
+    module = _packed_by_key.get(key.data_ptr())  # the key's storage address
+    if module is None:
+        raise RuntimeError("radixkv::packed_linear: no live PackedLinear owns this key")
+    return module
+
+
+@torch.library.custom_op("radixkv::packed_linear", mutates_args=())
+def _packed_linear_op(x: torch.Tensor, key: torch.Tensor, out_features: int) -> torch.Tensor:  # (T, in) -> (T, out)
+    return _packed(key).product(x)
+
+
+@_packed_linear_op.register_fake
+def _(x, key, out_features):
+    return x.new_empty((x.shape[0], out_features))
+
+
+@torch.library.custom_op("radixkv::packed_linear_add", mutates_args=())
+def _packed_linear_add_op(x: torch.Tensor, residual: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
+    return _packed(key).product(x, residual)  # (T, in) -> (T, out) + residual
+
+
+@_packed_linear_add_op.register_fake
+def _(x, residual, key):
+    return torch.empty_like(residual)
 
 
 def linear_add(linear: nn.Module, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:

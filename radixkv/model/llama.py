@@ -129,11 +129,23 @@ class LlamaForCausalLM(nn.Module):
     @torch.inference_mode()
     def forward(self, fb: ForwardBatch, backend: AttentionBackend) -> torch.Tensor:  # (N, V)
         backend.begin_forward(fb)
-        cos_sin = self.rotary.cos_sin(fb.positions)  # shared by every layer
-        x = self.embed_tokens(fb.input_ids)  # (T, H)
+        return self.forward_tokens(fb.input_ids, fb.positions, fb.logits_index, backend, fb)
+
+    def forward_tokens(
+        self,
+        input_ids: torch.Tensor,  # (T,)
+        positions: torch.Tensor,  # (T,)
+        logits_index: torch.Tensor,  # (N,)
+        backend: AttentionBackend,
+        fb: ForwardBatch | None,
+    ) -> torch.Tensor:  # (N, V)
+        """The forward on tensors alone, once `backend` has begun `fb`: what a compiled graph
+        traces (`radixkv.model.compiled`, with `fb` None and a graph-op backend)."""
+        cos_sin = self.rotary.cos_sin(positions)  # shared by every layer
+        x = self.embed_tokens(input_ids)  # (T, H)
         for layer in self.layers:
             x = layer(x, cos_sin, backend, fb)
-        x = self.norm(x[fb.logits_index])  # (N, H): only the rows whose logits are asked for
+        x = self.norm(x[logits_index])  # (N, H): only the rows whose logits are asked for
         if self.lm_head is None:  # tied output layer
             logits = torch.nn.functional.linear(x, self.embed_tokens.weight)  # (N, Vp)
         else:

@@ -10,6 +10,7 @@ for batches of requests described by their request-table rows and prefix lengths
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -23,11 +24,22 @@ from radixkv.config import EngineConfig
 from radixkv.errors import ConfigError
 from radixkv.mem import KVLayout
 from radixkv.mem.kv_memory import KVMemory
-from radixkv.model.config import ModelConfig
-from radixkv.model.cpu_runtime import choose_num_threads, packing_supported, tune_malloc, usable_cores
+from radixkv.model.compiled import (
+    CompiledForward,
+    check_compiled,
+    choose_compile,
+    describe_failure,
+)
+from radixkv.model.config import ModelConfig, check_tp_size
+from radixkv.model.cpu_runtime import (
+    choose_num_threads,
+    packing_supported,
+    tune_malloc,
+    usable_cores,
+)
+from radixkv.model.gguf import cache_root
 from radixkv.model.llama import LlamaForCausalLM
 from radixkv.model.loader import load_model, resolve_model_dir
-from radixkv.model.config import check_tp_size
 from radixkv.parallel.devices import rank_device, use_rank_device
 from radixkv.parallel.group import SingleRank
 from radixkv.parallel.shard import TPShard
@@ -99,6 +111,7 @@ class ModelRunner:
         if self.backend.name == "triton":
             self._check_kernels()
         self.workers = workers  # tensor-parallel ranks 1..N-1, when tp_size > 1
+        self.compiled: CompiledForward | None = None  # the compiled forward, when `compile` chose it
 
     @classmethod
     def load(cls, config: EngineConfig, progress: bool = True, launch_peers: LaunchPeers | None = None
@@ -142,6 +155,11 @@ class ModelRunner:
             raise
         runner = cls(config, model, memory, model_dir, context_length, workers)
         runner.num_threads = num_threads
+        choice = choose_compile(config.compile, device, config.torch_dtype, tp)
+        if choice.enabled:
+            runner.start_compiled(cache_root(config.cache_dir))
+        else:
+            logger.info("forward runs eager (%s)", choice.reason)
         layout = memory.layout
         logger.info(
             "model %s: %d layers, %d/%d heads, %s on %s; KV pool %d tokens (%d pages of %d), "
@@ -159,6 +177,30 @@ class ModelRunner:
                     usable_cores(), f"{packed} linear layers prepacked for oneDNN" if packed
                     else "linear layers not prepacked (needs CPU + float32)")
         return runner
+
+    def start_compiled(self, cache_root_dir: Path) -> None:
+        """Compile the forward and check it once against eager mode on a small batch (a 3-token
+        prefill, then one decode step); on a failure or a disagreement, log why and stay eager."""
+        compiled = CompiledForward(self.model, cache_root_dir)
+        start = time.perf_counter()
+        try:
+            problem = check_compiled(self, compiled)
+        except Exception as e:  # noqa: BLE001 - anything the compiler raises leaves eager mode working
+            problem = describe_failure(e)
+        if problem is not None:
+            compiled.fall_back(problem)
+        compiled.finish_warmup()
+        self.compiled = compiled
+        if compiled.active:
+            logger.info("forward compiled in %.1f s (%d graph; cache %s)", time.perf_counter() - start,
+                        compiled.graphs, os.environ.get("TORCHINDUCTOR_CACHE_DIR"))
+
+    def compile_stats(self) -> dict[str, Any]:
+        """Whether the forward runs compiled, its graphs and recompilations (`get_stats()`)."""
+        if self.compiled is None:
+            return {"compiled": False, "compile_graphs": 0, "recompilations": 0, "compile_seconds": 0.0,
+                    "compile_fallback": None}
+        return self.compiled.stats()
 
     def _check_kernels(self) -> None:
         """Run the compiled kernels once against the torch reference (`attention.selfcheck`); on
@@ -206,6 +248,8 @@ class ModelRunner:
         to every rank first; a failure inside the joint forward loses the group
         (`TensorParallelError`), since the ranks can no longer agree where they are."""
         if self.workers is None:
+            if self.compiled is not None:
+                return self.compiled(fb, self.backend)
             return self.model(fb, self.backend)
         start = time.perf_counter()
         self.workers.send_forward(fb)

@@ -12,6 +12,7 @@ batch is about to compute (it hits that prefix next step).
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from dataclasses import dataclass
 
@@ -107,6 +108,7 @@ class Admission:
             self.running.append(req)
             if not req.admitted_once:
                 req.admitted_once = True
+                req.admit_time = time.perf_counter()
                 req.cached_tokens = min(done.cached_tokens, len(req.prompt_ids))
                 self.stats.record_admission(len(req.prompt_ids), req.cached_tokens,
                                             min(done.host_tokens, req.cached_tokens))

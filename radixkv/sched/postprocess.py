@@ -67,7 +67,9 @@ class PostProcessor:
         if req.params.max_new_tokens == 0:  # a prefill-only request: its prompt is cached
             return Sampled(req, {"type": "length", "length": 0})
         req.output_ids.append(token)
-        req.first_token_time = req.first_token_time or time.perf_counter()
+        if req.first_token_time is None:
+            req.first_token_time = time.perf_counter()
+            self.stats.record_first_token(req.arrival_time, req.admit_time or req.arrival_time, req.first_token_time)
         self.stats.generated_tokens += 1
         reason = finish_reason(req, self.eos_ids, self.context_length, self.decoder)
         if req.grammar is not None:

@@ -54,7 +54,8 @@ class Req:
     retractions: int = 0
     sent_tokens: int = 0  # output tokens already reported in a ReqOutput
     generator: torch.Generator | None = None  # own sampling generator when params.seed is set
-    arrival_time: float = field(default_factory=time.perf_counter)
+    arrival_time: float = field(default_factory=time.perf_counter)  # reached the scheduler
+    admit_time: float | None = None  # first scheduled into a forward
     first_token_time: float | None = None
     finish_time: float | None = None
     match_len: int = 0  # scratch: prefix length found by the scheduling policy this round

@@ -38,6 +38,7 @@ from radixkv.sched.postprocess import PostProcessor
 from radixkv.sched.request import Req, ReqStatus
 from radixkv.sched.stats import SchedulerStats
 from radixkv.sched.stop import Decoder
+from radixkv.sched.timeline import open_timeline
 from radixkv.tp.launch import load_runner
 from radixkv.validation import RequestLimits, check_request
 
@@ -75,6 +76,7 @@ class Scheduler:
         self.post = PostProcessor(Sampler(runner.device, config.random_seed), self.eos_ids, runner.context_length,
                                   decoder, runner.model_config.vocab_size, self.stats)
         self._grammars = None  # GrammarService, started by the first constrained request
+        self.timeline = open_timeline(config.timeline_file)
 
     @classmethod
     def load(cls, config: EngineConfig, progress: bool = True) -> Scheduler:
@@ -203,7 +205,11 @@ class Scheduler:
         for row in batch.rows[batch.num_decode:]:  # share computed prompts with later requests
             if row.req.status is ReqStatus.RUNNING:
                 self.kv.cache_chunk(row.req)
-        self.stats.record_step(batch.num_decode, batch.num_prefill_tokens, time.perf_counter() - start, forward_time)
+        seconds = time.perf_counter() - start
+        self.stats.record_step(batch.num_decode, batch.num_prefill_tokens, seconds, forward_time)
+        if self.timeline is not None:
+            self.timeline.step(forward_start, forward_time, seconds, batch.num_decode, batch.num_prefill_tokens,
+                               [r.rid for r in batch.reqs])
         if self.config.log_level == "debug":
             self.check_invariants()
         return outputs
@@ -256,6 +262,8 @@ class Scheduler:
         req.finish_time = time.perf_counter()
         self.stats.finished_requests += 1
         del self.reqs[req.rid]
+        if self.timeline is not None:
+            self.timeline.finished(req)
 
     # -- cache control, checks and stats ---------------------------------------------------------
     def flush_cache(self) -> bool:
@@ -289,4 +297,6 @@ class Scheduler:
         """Stop the grammar compiler and the other tensor-parallel ranks, if any."""
         if self._grammars is not None:
             self._grammars.close()
+        if self.timeline is not None:
+            self.timeline.close()
         self.runner.close()

@@ -25,6 +25,10 @@ class SchedulerStats:
     decode_tokens: int = 0  # decode tokens computed, in any step
     grammar_mask_seconds: float = 0.0  # filling and applying grammar masks
     jump_forward_tokens: int = 0  # output tokens a grammar forced, appended without decoding
+    # where time to first token goes, summed over requests (divide by first_tokens for means):
+    first_tokens: int = 0  # requests that produced their first token
+    queue_seconds: float = 0.0  # arrival at the scheduler -> first scheduled into a forward
+    prefill_seconds: float = 0.0  # first scheduled -> first token sampled (every chunk of the prompt)
     step_seconds: dict[str, float] = field(default_factory=lambda: {"extend": 0.0, "decode": 0.0})
     forward_seconds: dict[str, float] = field(default_factory=lambda: {"extend": 0.0, "decode": 0.0})
 
@@ -33,6 +37,12 @@ class SchedulerStats:
         self.prompt_tokens += prompt_tokens
         self.cached_prompt_tokens += cached_tokens
         self.host_hit_tokens += host_tokens
+
+    def record_first_token(self, arrival: float, admitted: float, first_token: float) -> None:
+        """A request's first token: how long it queued, and how long its prefill took."""
+        self.first_tokens += 1
+        self.queue_seconds += admitted - arrival
+        self.prefill_seconds += first_token - admitted
 
     def record_step(self, num_decode: int, prefill_tokens: int, seconds: float, forward: float) -> None:
         """One forward of `num_decode` decode rows and `prefill_tokens` prompt tokens."""
@@ -59,4 +69,6 @@ class SchedulerStats:
         d["cache_hit_rate"] = self.cache_hit_rate
         d["device_hit_tokens"] = self.cached_prompt_tokens - self.host_hit_tokens  # served from the KV pool
         d["recomputed_prompt_tokens"] = self.prompt_tokens - self.cached_prompt_tokens
+        n = max(self.first_tokens, 1)
+        d["mean_queue_seconds"], d["mean_prefill_seconds"] = self.queue_seconds / n, self.prefill_seconds / n
         return d

@@ -1,0 +1,206 @@
+"""The compiled forward: the whole layer stack as one inductor graph (`compile` option).
+
+On a CPU a decode step of a small model is hundreds of eager ops of a few microseconds of work
+each (norms, rotary, activations, views), and each costs its dispatch. `torch.compile` traces
+`LlamaForCausalLM.forward_tokens` once into one graph, which inductor turns into fused C++
+kernels around the two things it must not touch:
+
+- **attention**, one `radixkv::attention` node per layer (`radixkv.attention.graph_op`): the
+  paged backends store K/V and attend exactly as in eager mode, reading the batch's layout from
+  the forward context;
+- **prepacked linear layers**, one `radixkv::packed_linear` node each (`cpu_runtime`): oneDNN's
+  blocked weights, which the compiler can neither trace nor cache.
+
+The token dimension (and the number of logits rows) is *unbacked*: the graph is compiled for
+any size, so no batch size or prompt length recompiles it (`recompilations` in `get_stats()`
+counts any that happen). Graphs are cached on disk (inductor's FX graph and AOT caches, under
+`<cache_dir>/compiled/<torch>-<CPU capability>/`), so only the first start of a model
+architecture on a machine pays for the compile; the graph names no weights, so every load of the
+same architecture -- in one process or the next -- reuses it.
+
+A compile that fails (no C++ compiler, an op the compiler rejects) or whose logits disagree with
+eager mode on the start-up check never stops a server: it logs one line and the runner stays
+eager (`compile_fallback` in `get_stats()` says why).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from radixkv.attention.backend import AttentionBackend
+from radixkv.attention.forward_batch import ForwardBatch, ForwardMode
+from radixkv.attention.graph_op import GraphAttention, forward_context
+from radixkv.errors import ConfigError
+from radixkv.model.llama import LlamaForCausalLM
+
+logger = logging.getLogger(__name__)
+
+COMPILE_MODES = ("auto", "on", "off")
+LOGITS_RTOL = 1e-4  # fp32: compiled and eager logits agree this closely (x the largest logit) at start-up
+_graphs_compiled = 0  # graphs inductor compiled in this process, for the runner that asked
+
+
+@dataclass(frozen=True)
+class CompileChoice:
+    """Whether this runner compiles its forward, and why (for the start-up log)."""
+
+    enabled: bool
+    reason: str
+
+
+def choose_compile(mode: str, device: torch.device, dtype: torch.dtype, tp_size: int) -> CompileChoice:
+    """Resolve the `compile` option against this runner; `on` where it cannot work is an error.
+
+    `auto` compiles where it was measured to pay: one CPU rank (`benchmarks/compile_forward.py`:
+    decode steps 5-10% faster, extends 3-5%). CUDA stays eager under `auto` until it has been
+    measured there; `on` tries it.
+    """
+    if mode not in COMPILE_MODES:
+        raise ConfigError(f"compile={mode!r}: must be one of {COMPILE_MODES}")
+    if mode == "off":
+        return CompileChoice(False, "compile=off")
+    if tp_size > 1:
+        if mode == "on":
+            raise ConfigError("compile='on' with tp_size > 1: the tensor-parallel collectives are not "
+                              "traced; use compile='auto' or 'off'")
+        return CompileChoice(False, "tensor parallel: eager")
+    if device.type == "cpu" and shutil.which(os.environ.get("CXX", "g++")) is None and shutil.which("c++") is None:
+        return CompileChoice(False, "no C++ compiler on PATH (inductor needs one): eager")
+    if mode == "auto" and device.type != "cpu":
+        return CompileChoice(False, f"auto on {device.type}: eager (compiled only where measured)")
+    return CompileChoice(True, f"compile={mode}")
+
+
+def compile_cache_dir(cache_root: Path) -> Path:
+    """Where inductor keeps this machine's compiled graphs: keyed by torch version and CPU
+    capability (the model and dtype are part of each graph's own key)."""
+    capability = torch.backends.cpu.get_cpu_capability().lower()
+    return cache_root / "compiled" / f"torch-{torch.__version__}-{capability}"
+
+
+def describe_failure(e: BaseException) -> str:
+    """One line for a compile failure: the compiler's own error, not dynamo's wrapper of it."""
+    inner = getattr(e, "inner_exception", None) or e
+    lines = [line for line in str(inner).splitlines() if line.strip()]
+    return f"{type(inner).__name__}: {lines[0][:300] if lines else ''}".rstrip(": ")
+
+
+def _counting_inductor(gm, example_inputs):
+    """Inductor, counting the graphs it is asked to compile."""
+    global _graphs_compiled
+    from torch._inductor.compile_fx import compile_fx
+
+    _graphs_compiled += 1
+    return compile_fx(gm, example_inputs)
+
+
+def _traced(model: LlamaForCausalLM, input_ids, positions, logits_index) -> torch.Tensor:  # (N, V)
+    return model.forward_tokens(input_ids, positions, logits_index, _GRAPH_ATTENTION, None)
+
+
+_GRAPH_ATTENTION = GraphAttention()
+_compiled_fn = None  # one torch.compile wrapper for the process: same-architecture models share its graph
+
+
+def _compiled():
+    global _compiled_fn
+    if _compiled_fn is None:
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+        torch._dynamo.config.accumulated_recompile_limit = max(
+            torch._dynamo.config.accumulated_recompile_limit, 1024)
+        _compiled_fn = torch.compile(_traced, backend=_counting_inductor, fullgraph=True, dynamic=False)
+    return _compiled_fn
+
+
+class CompiledForward:
+    """`model(fb, backend)` through the compiled graph, eager once it has fallen back."""
+
+    def __init__(self, model: LlamaForCausalLM, cache_root: Path):
+        self.model = model
+        self.graphs = 0  # graphs compiled for this runner's calls (1 after warm-up, normally)
+        self.warm_graphs: int | None = None  # graphs when warm-up ended
+        self.compile_seconds = 0.0
+        self.fallback: str | None = None  # why this runner went back to eager, if it did
+        if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:  # the user's own choice wins
+            directory = compile_cache_dir(cache_root)
+            directory.mkdir(parents=True, exist_ok=True)
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(directory)
+
+    @property
+    def active(self) -> bool:
+        return self.fallback is None
+
+    @property
+    def recompilations(self) -> int:
+        """Graphs compiled after warm-up: a batch shape the graph did not cover (should be 0)."""
+        return 0 if self.warm_graphs is None else self.graphs - self.warm_graphs
+
+    def __call__(self, fb: ForwardBatch, backend: AttentionBackend) -> torch.Tensor:  # (N, V)
+        if self.fallback is not None:
+            return self.model(fb, backend)
+        # own storage (fb's are views into one buffer, at offsets a guard would pin), any size
+        inputs = [t.clone() for t in (fb.input_ids, fb.positions, fb.logits_index)]  # (T,), (T,), (N,)
+        for t in inputs:
+            torch._dynamo.decorators.mark_unbacked(t, 0)  # no recompile per batch size or length
+        before = _graphs_compiled
+        start = time.perf_counter()
+        try:
+            with torch.inference_mode(), forward_context(backend, fb):
+                return _compiled()(self.model, *inputs)
+        except torch._dynamo.exc.TorchDynamoException as e:
+            self.fall_back(describe_failure(e))
+            return self.model(fb, backend)  # the K/V it stored are rewritten with the same values
+        finally:
+            if _graphs_compiled != before:
+                self.graphs += _graphs_compiled - before
+                self.compile_seconds += time.perf_counter() - start
+
+    def fall_back(self, why: str) -> None:
+        if self.fallback is None:
+            self.fallback = why
+            logger.error("compiled forward disabled, running eager: %s", why)
+
+    def finish_warmup(self) -> None:
+        self.warm_graphs = self.graphs
+
+    def stats(self) -> dict[str, float | int | str | None]:
+        return {"compiled": self.active, "compile_graphs": self.graphs, "recompilations": self.recompilations,
+                "compile_seconds": self.compile_seconds, "compile_fallback": self.fallback}
+
+
+def logits_tolerance(dtype: torch.dtype) -> float:
+    """How far compiled logits may sit from eager ones, relative to the largest eager logit."""
+    return LOGITS_RTOL if dtype == torch.float32 else 2e-2
+
+
+def check_compiled(runner, compiled: CompiledForward) -> str | None:
+    """Run a 3-token prefill and one decode step both ways on `runner`'s memory; None if the
+    compiled logits match eager ones, else how they differ. Frees what it allocated."""
+    memory = runner.memory
+    row, seq = memory.req_table.alloc(), memory.new_sequence()
+    try:
+        steps = ((ForwardMode.EXTEND, [1, 2, 3], 0), (ForwardMode.DECODE, [4], 3))
+        for mode, tokens, prefix in steps:
+            slots = seq.extend(len(tokens))
+            memory.req_table.write(row, prefix, slots)
+            fb = ForwardBatch.build(mode, [tokens], [row], [prefix], slots, device=runner.device)
+            want = runner.model(fb, runner.backend)  # (1, V)
+            got = compiled(fb, runner.backend)
+            if not compiled.active:
+                return None  # it fell back already, and said why
+            err = (got - want).abs().max().item()
+            scale = max(1.0, want.abs().max().item())
+            if not err <= logits_tolerance(runner.dtype) * scale:  # NaN fails too
+                return (f"{mode.value} logits differ from eager mode by {err:.3g} "
+                        f"(tolerance {logits_tolerance(runner.dtype) * scale:.3g})")
+        return None
+    finally:
+        seq.release()
+        memory.req_table.free(row)
