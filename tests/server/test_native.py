@@ -65,6 +65,10 @@ def test_server_info_health_metrics_and_flush(server):
                      "radixkv_e2e_request_latency_seconds_bucket", "radixkv_device_hit_tokens",
                      "radixkv_host_hit_tokens", "radixkv_recomputed_prompt_tokens", "radixkv_host_total_tokens"):
             assert name in metrics, name
+        # `radixkv serve` compiles its forward by default on CPU, and no batch since recompiled it
+        assert s["compiled"] and s["compile_fallback"] is None and s["recompilations"] == 0, s
+        assert "radixkv_compiled 1.0" in metrics and "radixkv_recompilations 0.0" in metrics
+        assert s["first_tokens"] >= 1 and s["mean_prefill_seconds"] > 0
         assert c.post("/flush_cache").json() == {"flushed": True}
         assert c.get("/server_info").json()["kv_pool"]["free_tokens"] == 16384
 
