@@ -42,6 +42,7 @@ _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 SHARED_MIN_SAVED_TOKENS = 1024
 """A shared prefix is read once when that saves reading at least this many KV tokens per layer
 (below it, the extra kernel calls cost more than the bytes they save)."""
+FOLD_MIN_PREFIX, FOLD_ROWS = 1024, (64, 1024)  # where folding GQA heads into rows pays (`unmasked`)
 
 
 @dataclass(frozen=True)
@@ -251,8 +252,24 @@ def extend_span_parts(q, k, v, k_buffer, v_buffer, prefix_slots, sm_scale) -> tu
         return o_new, lse_new
     kp = k_buffer.index_select(0, prefix_slots).float().transpose(0, 1)[None]  # (1, Hkv, P, D)
     vp = v_buffer.index_select(0, prefix_slots).float().transpose(0, 1)[None]  # (1, Hkv, P, D)
-    o_pre, lse_pre = _flash(qh, kp, vp, 0.0, False, scale=sm_scale)  # (1, Hq, n, D), (1, Hq, n)
+    o_pre, lse_pre = unmasked(qh, kp, vp, sm_scale)  # (1, Hq, n, D), (1, Hq, n)
     return merge(o_new, lse_new, o_pre, lse_pre), torch.logaddexp(lse_new, lse_pre)
+
+
+def unmasked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Flash attention of q (1, Hq, n, D) over every key of k, v (1, Hkv, P, D): (1, Hq, n, D) and
+    (1, Hq, n) log-sum-exps.
+
+    Without a mask, the query heads of one KV head are rows of one problem: folded into
+    (1, Hkv, g * n, D), the kernel works in 64-row blocks instead of 32 and reads each K/V
+    block once per group. Measured on 2 cores: 1.13-1.31x for 64-191 new tokens over a 1k-4k
+    prefix, neutral to slower elsewhere, so only there."""
+    Hq, n, D = q.shape[1:]
+    H = k.shape[1]
+    if H == Hq or k.shape[2] < FOLD_MIN_PREFIX or not FOLD_ROWS[0] <= n < FOLD_ROWS[1]:
+        return _flash(q, k, v, 0.0, False, scale=sm_scale)
+    o, lse = _flash(q.reshape(1, H, Hq // H * n, D), k, v, 0.0, False, scale=sm_scale)  # (1, Hkv, g*n, D)
+    return o.reshape(1, Hq, n, D), lse.reshape(1, Hq, n)
 
 
 def shared_extend(

@@ -165,3 +165,20 @@ def test_short_shared_extend_prefixes_are_attended_per_request():
     fused, expected, plan = shared_extend_batch(30, [0, 2], [5, 6])
     assert not plan.shared_extends
     assert_close(fused, expected)
+
+
+@pytest.mark.parametrize("n,prefix", [(70, 1100), (20, 1100), (70, 100)])
+def test_folding_query_heads_of_a_kv_head_into_rows_changes_nothing(n, prefix):
+    """The folded flash call (64-191 new tokens on a long prefix) equals one call per query head."""
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randn(1, 6, n, 16, generator=gen)
+    k, v = (torch.randn(1, 2, prefix, 16, generator=gen) for _ in range(2))
+    o, lse = sdpa_paged.unmasked(q, k, v, 0.25)
+    want_o, want_lse = sdpa_paged._flash(q, k, v, 0.0, False, scale=0.25)
+    assert_close(o, want_o)
+    assert_close(lse, want_lse)
+
+
+def test_a_long_cached_prefix_with_grouped_heads_matches_reference():
+    fused, expected, _ = run_both([1100 + 90], [1100], hq=6, hkv=2)
+    assert_close(fused, expected)
