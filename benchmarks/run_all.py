@@ -62,6 +62,13 @@ def f(x, fmt="{:.2f}", none="not run"):
     return none if x is None else fmt.format(x)
 
 
+def speed(x: float | None) -> str:
+    """A speed ratio (the other's time / ours) in words: faster above 1, slower below."""
+    if x is None:
+        return "not run"
+    return f"{x:.2f}x faster" if x >= 1 else f"{1 / x:.2f}x slower"
+
+
 def table() -> str:
     roof, cs, mt = load("roofline.json"), load("customer_service.json"), load("multiturn.json")
     fork, srv, moon, sim = (load("frontend_fork.json"), load("server_throughput.json"), load("mooncake_e2e.json"),
@@ -75,7 +82,7 @@ def table() -> str:
             if key in r:
                 x = r[key]
                 rows.append((label, f(x["radixkv_s"], "{:.3f}"), f"transformers {f(x.get('transformers_s'), '{:.3f}')}",
-                             f(x.get("radixkv_vs_transformers_speed"), "{:.2f}x faster"), f(x["limit_s"], "{:.3f}"),
+                             speed(x.get("radixkv_vs_transformers_speed")), f(x["limit_s"], "{:.3f}"),
                              "`python benchmarks/roofline.py`", when(roof)))
         for key, label in (("decode b=1 ctx=32", "Decode, batch 1 (tok/s)"), ("decode b=8 ctx=32", "Decode, batch 8 (tok/s)"),
                            ("decode b=32 ctx=2048", "Decode, batch 32 on one 2k-token prompt (tok/s)")):
@@ -83,7 +90,7 @@ def table() -> str:
                 x, b = r[key], int(key.split("b=")[1].split()[0])
                 rows.append((label, f(b / x["radixkv_s"], "{:.1f}"),
                              f"transformers {f(b / x['transformers_s'], '{:.1f}') if x.get('transformers_s') else 'not run'}",
-                             f(x.get("radixkv_vs_transformers_speed"), "{:.2f}x faster"), f(b / x["limit_s"], "{:.1f}"),
+                             speed(x.get("radixkv_vs_transformers_speed")), f(b / x["limit_s"], "{:.1f}"),
                              "`python benchmarks/roofline.py`", when(roof)))
     if cs:
         res, limit = cs["results"], cs["limit"]
