@@ -1,7 +1,7 @@
-"""Tiny random-initialised Llama / Qwen2 / Mistral checkpoints, built offline in about a second."""
+"""Tiny random-initialised Llama / Qwen2 / Qwen3 / Mistral checkpoints, built offline in about a second."""
 
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config
+from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
 COMMON = dict(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
               num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=512,
@@ -14,6 +14,8 @@ TINY = {
                          "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                          "original_max_position_embeddings": 64}),
     "qwen2": lambda: Qwen2Config(**COMMON, tie_word_embeddings=False),
+    # per-head q/k RMSNorm, no q/k/v bias, a head_dim of its own (not hidden / heads)
+    "qwen3": lambda: Qwen3Config(**COMMON, head_dim=32, tie_word_embeddings=True),
     # tensor-parallel tests: 4 KV heads split over 2 ranks; an odd vocabulary pads the last rank
     "llama-tp": lambda: LlamaConfig(**{**COMMON, "num_key_value_heads": 4, "vocab_size": 509},
                                     tie_word_embeddings=False),

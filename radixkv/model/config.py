@@ -15,8 +15,10 @@ from typing import Any
 
 from radixkv.errors import ConfigError, ModelLoadError
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
-_MODEL_TYPES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM"}
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM")
+_MODEL_TYPES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+                "mistral": "MistralForCausalLM"}
+_QWEN = ("Qwen2ForCausalLM", "Qwen3ForCausalLM")
 ROPE_TYPES = ("default", "linear", "llama3")
 
 
@@ -44,6 +46,7 @@ class ModelConfig:
     max_position_embeddings: int
     tie_word_embeddings: bool = False
     attention_bias: bool = False  # bias on q/k/v projections (Qwen2)
+    qk_norm: bool = False  # RMSNorm over each head of q and k before RoPE (Qwen3)
     sliding_windows: tuple[int | None, ...] = ()  # per layer; None = full attention
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
@@ -126,6 +129,7 @@ class ModelConfig:
                 max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
                 tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
                 attention_bias=bool(cfg.get("attention_bias", arch == "Qwen2ForCausalLM")),
+                qk_norm=arch == "Qwen3ForCausalLM",
                 sliding_windows=_parse_windows(cfg, arch, num_layers),
                 bos_token_id=cfg.get("bos_token_id"),
                 eos_token_ids=eos_ids,
@@ -168,7 +172,7 @@ def _parse_windows(cfg: dict[str, Any], arch: str, num_layers: int) -> tuple[int
         return tuple(window if t == "sliding_attention" and window else None for t in layer_types)
     if not window:
         return (None,) * num_layers
-    if arch == "Qwen2ForCausalLM":
+    if arch in _QWEN:
         if not cfg.get("use_sliding_window", False):
             return (None,) * num_layers
         first = int(cfg.get("max_window_layers", num_layers))

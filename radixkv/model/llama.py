@@ -1,4 +1,4 @@
-"""Llama-family causal LM (Llama, Qwen2, Mistral) over the paged KV pool.
+"""Llama-family causal LM (Llama, Qwen2, Qwen3, Mistral) over the paged KV pool.
 
 The model holds no KV state of its own: every attention layer calls the attention backend with
 the `ForwardBatch`, which stores the new tokens' K/V into the pool and reads the rest of each
@@ -48,6 +48,10 @@ class Attention(nn.Module):
             config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.attention_bias
         )
         self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
+        if config.qk_norm:  # Qwen3: each head of q and of k normalised over head_dim before RoPE
+            self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
+            self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
+        self.qk_norm = config.qk_norm
 
     def forward(
         self,
@@ -60,8 +64,12 @@ class Attention(nn.Module):
         T, D = x.shape[0], self.head_dim
         qkv = self.qkv_proj(x)  # (T, q_size + 2 * kv_size)
         qk_size = self.q_size + self.kv_size
+        qk = qkv[:, :qk_size].view(T, self.num_heads + self.num_kv_heads, D)  # (T, Hq + Hkv, D)
+        if self.qk_norm:
+            q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
+            qk = torch.cat((self.q_norm(q), self.k_norm(k)), dim=1)  # (T, Hq + Hkv, D)
         # q and k rotate as one tensor of Hq + Hkv heads
-        qk = rotate(qkv[:, :qk_size].view(T, self.num_heads + self.num_kv_heads, D), *cos_sin)
+        qk = rotate(qk, *cos_sin)
         q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)  # (T, Hq, D), (T, Hkv, D)
         v = qkv[:, qk_size:].view(T, self.num_kv_heads, D)  # (T, Hkv, D)
         o = backend.forward(q, k, v, self.layer, self.sm_scale, self.sliding_window, fb)  # (T, Hq, D)

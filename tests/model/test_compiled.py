@@ -29,7 +29,7 @@ def eager_and_compiled(runner, fn):
     return got, want
 
 
-@pytest.mark.parametrize("name", ["llama", "llama3-rope-tied", "qwen2", "mistral-window"])
+@pytest.mark.parametrize("name", ["llama", "llama3-rope-tied", "qwen2", "qwen3", "mistral-window"])
 def test_compiled_greedy_tokens_and_logits_match_eager(tiny_model_dir, name):
     runner = make_runner(tiny_model_dir(name), compile="on")
     got, want = eager_and_compiled(
