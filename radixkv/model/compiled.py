@@ -55,7 +55,7 @@ class CompileChoice:
     reason: str
 
 
-def choose_compile(mode: str, device: torch.device, dtype: torch.dtype, tp_size: int) -> CompileChoice:
+def choose_compile(mode: str, device: torch.device, tp_size: int) -> CompileChoice:
     """Resolve the `compile` option against this runner; `on` where it cannot work is an error.
 
     `auto` compiles where it was measured to pay: one CPU rank (`benchmarks/compile_forward.py`:

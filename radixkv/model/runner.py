@@ -155,7 +155,7 @@ class ModelRunner:
             raise
         runner = cls(config, model, memory, model_dir, context_length, workers)
         runner.num_threads = num_threads
-        choice = choose_compile(config.compile, device, config.torch_dtype, tp)
+        choice = choose_compile(config.compile, device, tp)
         if choice.enabled:
             runner.start_compiled(cache_root(config.cache_dir))
         else:
