@@ -59,7 +59,7 @@ def choose_compile(mode: str, device: torch.device, tp_size: int) -> CompileChoi
     """Resolve the `compile` option against this runner; `on` where it cannot work is an error.
 
     `auto` compiles where it was measured to pay: one CPU rank (`benchmarks/compile_forward.py`:
-    decode steps 5-10% faster, extends 3-5%). CUDA stays eager under `auto` until it has been
+    decode steps 3-9% faster, extends 5-6%). CUDA stays eager under `auto` until it has been
     measured there; `on` tries it.
     """
     if mode not in COMPILE_MODES:
