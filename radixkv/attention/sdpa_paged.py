@@ -120,23 +120,15 @@ def plan(
 def _shared_extends(spans: list[ExtendSpan]) -> tuple[list[SharedExtend], list[ExtendSpan]]:
     """Groups of extend spans whose prefixes start on the same slot, and the spans with each
     member's prefix cut to what follows the group's shared part."""
-    groups: dict[int, list[int]] = {}
-    for i, s in enumerate(spans):
-        if s.prefix_slots is not None:
-            groups.setdefault(int(s.prefix_slots[0]), []).append(i)
+    with_prefix = [i for i, s in enumerate(spans) if s.prefix_slots is not None]
     shared, spans = [], list(spans)
-    for members in groups.values():
-        if len(members) < 2:
-            continue
-        first = spans[members[0]].prefix_slots
+    for members in _same_first(with_prefix, [int(spans[i].prefix_slots[0]) for i in with_prefix]):
         common = min(spans[i].prefix_slots.shape[0] for i in members)
-        same = torch.ones(common, dtype=torch.bool, device=first.device)  # (common,)
-        for i in members[1:]:
-            same &= spans[i].prefix_slots[:common] == first[:common]
-        prefix = common if bool(same.all()) else int(same.to(torch.int8).argmin())
+        block = torch.stack([spans[i].prefix_slots[:common] for i in members])  # (n, common)
+        prefix = _common_run(block)
         if (len(members) - 1) * prefix < SHARED_MIN_SAVED_TOKENS:
             continue
-        shared.append(SharedExtend(members, first[:prefix].clone()))
+        shared.append(SharedExtend(members, block[0, :prefix].clone()))
         for i in members:
             rest = spans[i].prefix_slots[prefix:]
             spans[i] = ExtendSpan(spans[i].start, spans[i].num_new, rest if rest.numel() else None)
@@ -178,22 +170,30 @@ def _shared_prefixes(slots: torch.Tensor, lens: torch.Tensor) -> tuple[list[Shar
     each row's offset past its group's prefix ((B,), 0 outside any group).
     """
     offsets = torch.zeros_like(lens)
-    groups: dict[int, list[int]] = {}
-    for i, first in enumerate(slots[:, 0].tolist()):
-        groups.setdefault(first, []).append(i)
     shared = []
-    for members in groups.values():
-        if len(members) < 2:
-            continue
+    for members in _same_first(range(slots.shape[0]), slots[:, 0].tolist()):
         ix = torch.tensor(members, dtype=torch.int64, device=slots.device)
         common = int(lens.index_select(0, ix).min()) - 1  # a row's newest token is its own
         block = slots.index_select(0, ix)[:, :common]  # (n, common)
-        same = (block == block[:1]).all(0)  # (common,)
-        prefix = common if bool(same.all()) else int(same.to(torch.int8).argmin())
+        prefix = _common_run(block)
         if (len(members) - 1) * prefix >= SHARED_MIN_SAVED_TOKENS:
             shared.append(SharedPrefix(ix, block[0, :prefix].clone()))
             offsets[ix] = prefix
     return shared, offsets
+
+
+def _same_first(items, firsts: list[int]) -> list[list[int]]:
+    """`items` grouped by their first KV slot, groups of two or more only."""
+    groups: dict[int, list[int]] = {}
+    for item, first in zip(items, firsts):
+        groups.setdefault(first, []).append(item)
+    return [members for members in groups.values() if len(members) > 1]
+
+
+def _common_run(block: torch.Tensor) -> int:
+    """How many leading columns of block (n, L) are equal in every row."""
+    same = (block == block[:1]).all(0)  # (L,)
+    return block.shape[1] if bool(same.all()) else int(same.to(torch.int8).argmin())
 
 
 def attention(
