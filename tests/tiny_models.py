@@ -1,7 +1,18 @@
-"""Tiny random-initialised Llama / Qwen2 / Qwen3 / Mistral checkpoints, built offline in about a second."""
+"""Tiny random-initialised checkpoints of every supported family, built offline in about a second."""
 
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+from transformers import (
+    AutoModelForCausalLM,
+    DeepseekV2Config,
+    DeepseekV3Config,
+    Gemma3TextConfig,
+    LlamaConfig,
+    MistralConfig,
+    MixtralConfig,
+    Qwen2Config,
+    Qwen3Config,
+    Qwen3MoeConfig,
+)
 
 COMMON = dict(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
               num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=512,
@@ -25,17 +36,55 @@ TINY = {
     "llama-long": lambda: LlamaConfig(**{**COMMON, "max_position_embeddings": 8192}, tie_word_embeddings=False),
     "mistral-window": lambda: MistralConfig(**{**COMMON, "num_key_value_heads": 4}, sliding_window=6,
                                             tie_word_embeddings=False),
+    # Gemma 3: sliding layers (window 6, local RoPE base) around a global one, (1 + w) norms,
+    # sandwich norms, GELU-tanh, query_pre_attn_scalar, MQA, tied embeddings
+    "gemma3": lambda: Gemma3TextConfig(
+        **{**COMMON, "num_hidden_layers": 3, "num_key_value_heads": 1}, head_dim=32, sliding_window=6,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"], query_pre_attn_scalar=24,
+        rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}},
+        tie_word_embeddings=True),
+    # MLA without a q low-rank path (V2-Lite), softmax greedy routing, one dense layer first
+    "deepseek-v2": lambda: DeepseekV2Config(
+        **{**COMMON, "num_hidden_layers": 3, "num_key_value_heads": 8}, moe_intermediate_size=64,
+        n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1,
+        kv_lora_rank=32, q_lora_rank=None, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
+        tie_word_embeddings=False),
+    # MLA with q_lora_rank, YaRN; sigmoid noaux_tc routing over 4 groups, top-2 groups
+    "deepseek-v3": lambda: DeepseekV3Config(
+        **{**COMMON, "num_hidden_layers": 3, "num_key_value_heads": 8}, moe_intermediate_size=64,
+        n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1,
+        kv_lora_rank=32, q_lora_rank=48, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
+        n_group=4, topk_group=2, routed_scaling_factor=2.5, norm_topk_prob=True,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "mscale": 1.0,
+                         "mscale_all_dim": 1.0, "original_max_position_embeddings": 128,
+                         "beta_fast": 32, "beta_slow": 1},
+        tie_word_embeddings=False),
+    "qwen3-moe": lambda: Qwen3MoeConfig(**COMMON, head_dim=32, moe_intermediate_size=64, num_experts=8,
+                                        num_experts_per_tok=2, norm_topk_prob=True, tie_word_embeddings=False),
+    "mixtral": lambda: MixtralConfig(**{**COMMON, "intermediate_size": 64}, num_local_experts=4,
+                                     num_experts_per_tok=2, tie_word_embeddings=False),
 }
+
+
+# random init leaves small weights: scaled up so greedy tokens are not all alike (by how much
+# each family needs to vary; Gemma's sqrt(hidden) embedding scale needs none)
+WEIGHT_SCALE = {"gemma3": 1.0, "mixtral": 6.0}
+RANDOM_NORMS = {"gemma3"}  # norm weights drawn at random, so the (1 + w) offset matters
 
 
 def save_tiny_model(name: str, path) -> None:
     torch.manual_seed(sum(map(ord, name)))
     model = AutoModelForCausalLM.from_config(TINY[name]())
-    # random init leaves small weights: scale up so greedy tokens are not all alike
     with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.mul_(3.0)
+        for param_name, p in model.named_parameters():
+            if p.dim() >= 2:  # matrices, and the stacked experts of MoE models
+                p.mul_(WEIGHT_SCALE.get(name, 3.0))
+            elif name in RANDOM_NORMS and "norm" in param_name:
+                p.normal_(0.0, 0.3)
+        for buffer_name, b in model.named_buffers():
+            if buffer_name.endswith("e_score_correction_bias"):  # V3's routing bias: make it matter
+                b.normal_(0.0, 0.2)
     model.save_pretrained(path)
 
 

@@ -17,6 +17,14 @@ dequantising view otherwise, so a gather dequantises only the tokens it reads an
 never copied to full precision. Triton kernels take `kernel_buffers(layer)` (codes + scales) and
 dequantise tile by tile. Host-tier transfers and copy-on-write move whole pages of every
 storage tensor (`read_pages`, `write_pages`, `copy_page`), whatever the format.
+
+**Latent layouts (MLA).** With `KVLayout.latent`, a token stores one vector per layer -- DeepSeek's
+compressed KV (`kv_lora_rank`) followed by its decoupled RoPE key (`qk_rope_head_dim`), as one
+"KV head" of `head_dim = kv_lora_rank + qk_rope_head_dim` -- and no separate V: `v_view` is
+`k_view`, and the attention output's first `kv_lora_rank` columns are the latent values (the
+RoPE columns of the output are dropped by the model). Every format stores the latent the way
+it stores K, so the radix cache, copy-on-write, the host tier and every backend work on it
+unchanged, at half the bytes of a K+V layout of the same width.
 """
 
 from __future__ import annotations
@@ -44,6 +52,7 @@ class KVLayout:
     page_size: int
     dtype: torch.dtype = torch.float32
     kv_cache_dtype: str = "auto"
+    latent: bool = False  # MLA: one latent per token and layer, read as both K and V
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "num_kv_heads", "head_dim", "page_size"):
@@ -52,13 +61,20 @@ class KVLayout:
         kv_quant.check_kv_cache_dtype(self.kv_cache_dtype)
         if self.kv_cache_dtype == "int4":
             kv_quant.int4_group(self.head_dim)  # raises on an odd head_dim
+        if self.latent and self.num_kv_heads != 1:
+            raise ConfigError(f"a latent (MLA) KV layout has one KV head, got num_kv_heads={self.num_kv_heads}")
+
+    @property
+    def tensors_per_token(self) -> int:
+        """2 (K and V) for attention heads, 1 for a latent layout."""
+        return 1 if self.latent else 2
 
     @property
     def bytes_per_token(self) -> int:
-        """K and V of every layer for one token, scales included (`2 * layers * kv_heads *
-        head_dim * bytes` for a plain format)."""
+        """K and V (or the latent) of every layer for one token, scales included (`2 * layers *
+        kv_heads * head_dim * bytes` for a plain format; `layers * latent_dim * bytes` for MLA)."""
         per_head = kv_quant.bytes_per_head_token(self.kv_cache_dtype, self.head_dim, self.dtype)
-        return 2 * self.num_layers * self.num_kv_heads * per_head
+        return self.tensors_per_token * self.num_layers * self.num_kv_heads * per_head
 
     @property
     def bytes_per_page(self) -> int:
@@ -114,20 +130,44 @@ class KVPool(ABC):
             for t in tensors:
                 t[PADDING_PAGE].zero_()
 
-    @abstractmethod
     def _allocate(self) -> tuple[torch.Tensor, ...]:
-        """One layer's storage tensors, each with leading dims (num_pages + 1, page_size)."""
+        """One layer's storage tensors: K's, then V's (none for a latent layout)."""
+        return self._allocate_side() + (() if self.layout.latent else self._allocate_side())
 
     @abstractmethod
-    def store(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Write new tokens' K/V (the one store path): slots (T,) int64, k and v (T, H_kv, D)."""
+    def _allocate_side(self) -> tuple[torch.Tensor, ...]:
+        """The storage of K (or of V) of one layer, each with leading dims (num_pages + 1, page_size)."""
+
+    def _sides(self, layer: int) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
+        """Flat slot views of (K's tensors, V's tensors) of `layer`; the same for a latent layout."""
+        flat = tuple(self._flat(t) for t in self.storage[layer])
+        n = len(flat) // self.layout.tensors_per_token
+        return flat[:n], flat[-n:]
+
+    def store(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None) -> None:
+        """Write new tokens' K/V (the one store path): slots (T,) int64, k and v (T, H_kv, D).
+
+        A latent layout stores `k` (the latent) alone; `v` is ignored and may be None."""
+        k_side, v_side = self._sides(layer)
+        self._store_side(k_side, slots, k)
+        if not self.layout.latent:
+            self._store_side(v_side, slots, v)
 
     @abstractmethod
+    def _store_side(self, side: tuple[torch.Tensor, ...], slots: torch.Tensor, x: torch.Tensor) -> None:
+        """Encode x (T, H_kv, D) into one side's flat tensors at `slots`."""
+
+    @abstractmethod
+    def _side_view(self, side: tuple[torch.Tensor, ...]):
+        """One side's (S, H_kv, D) read view in `layout.dtype`."""
+
     def k_view(self, layer: int):
         """(S, H_kv, D) readable with `index_select(0, slots)` / `narrow(0, first, n)`, in `layout.dtype`."""
+        return self._side_view(self._sides(layer)[0])
 
-    @abstractmethod
-    def v_view(self, layer: int): ...
+    def v_view(self, layer: int):
+        """Like `k_view`, for V (the same latent for a latent layout)."""
+        return self._side_view(self._sides(layer)[1])
 
     @abstractmethod
     def kernel_buffers(self, layer: int) -> KernelKV: ...
@@ -181,39 +221,34 @@ class DenseKVPool(KVPool):
                               else kv_quant.FLOAT_FORMATS.get(name, layout.dtype))
         super().__init__(layout, num_pages, device)
 
-    def _allocate(self):
+    def _allocate_side(self):
         L = self.layout
         shape = (self.num_pages + 1, L.page_size, L.num_kv_heads, L.head_dim)
-        return (torch.empty(shape, dtype=self.storage_dtype, device=self.device),
-                torch.empty(shape, dtype=self.storage_dtype, device=self.device))
+        return (torch.empty(shape, dtype=self.storage_dtype, device=self.device),)
 
     def _encode(self, x: torch.Tensor) -> torch.Tensor:
         return kv_quant.quantize_fp8(x, self.fp8) if self.fp8 is not None else x.to(self.storage_dtype)
 
     def store(self, layer, slots, k, v):
-        kb, vb = (self._flat(t) for t in self.storage[layer])
-        if self.device.type == "cuda" and self.fp8 is None:
+        if self.device.type == "cuda" and self.fp8 is None and not self.layout.latent:
             from radixkv.kernels import store_kv
 
+            (kb,), (vb,) = self._sides(layer)
             store_kv(kb, vb, slots, k, v)
             return
-        kb.index_copy_(0, slots, self._encode(k))  # (T, H_kv, D) into slots
-        vb.index_copy_(0, slots, self._encode(v))
+        super().store(layer, slots, k, v)
 
-    def _view(self, t: torch.Tensor):
-        flat = self._flat(t)  # (S, H_kv, D)
+    def _store_side(self, side, slots, x):
+        side[0].index_copy_(0, slots, self._encode(x))  # (T, H_kv, D) into slots
+
+    def _side_view(self, side):
+        flat = side[0]  # (S, H_kv, D)
         if self.fp8 is None and self.storage_dtype == self.layout.dtype:
             return flat  # read in place
         return _CastView(flat, self.fp8, self.layout.dtype)
 
-    def k_view(self, layer):
-        return self._view(self.storage[layer][0])
-
-    def v_view(self, layer):
-        return self._view(self.storage[layer][1])
-
     def kernel_buffers(self, layer):
-        k, v = (self._flat(t) for t in self.storage[layer])
+        (k,), (v,) = self._sides(layer)
         if self.fp8 is not None:
             k, v = k.view(self.fp8), v.view(self.fp8)
         return KernelKV(k, v, None, None, "dense")
@@ -222,31 +257,22 @@ class DenseKVPool(KVPool):
 class Int8KVPool(KVPool):
     """Symmetric int8 codes with one float32 scale per token and KV head."""
 
-    def _allocate(self):
+    def _allocate_side(self):
         L = self.layout
         shape = (self.num_pages + 1, L.page_size, L.num_kv_heads, L.head_dim)
         return (torch.empty(shape, dtype=torch.int8, device=self.device),
-                torch.empty(shape, dtype=torch.int8, device=self.device),
-                torch.empty(shape[:3], dtype=kv_quant.SCALE_DTYPE, device=self.device),
                 torch.empty(shape[:3], dtype=kv_quant.SCALE_DTYPE, device=self.device))
 
-    def store(self, layer, slots, k, v):
-        kc, vc, ks, vs = (self._flat(t) for t in self.storage[layer])
-        for codes_buf, scale_buf, x in ((kc, ks, k), (vc, vs, v)):
-            codes, scale = kv_quant.quantize_int8(x)  # (T, H, D), (T, H)
-            codes_buf.index_copy_(0, slots, codes)
-            scale_buf.index_copy_(0, slots, scale)
+    def _store_side(self, side, slots, x):
+        codes, scale = kv_quant.quantize_int8(x)  # (T, H, D), (T, H)
+        side[0].index_copy_(0, slots, codes)
+        side[1].index_copy_(0, slots, scale)
 
-    def k_view(self, layer):
-        kc, _, ks, _ = (self._flat(t) for t in self.storage[layer])
-        return _Int8View(kc, ks, self.layout.dtype)
-
-    def v_view(self, layer):
-        _, vc, _, vs = (self._flat(t) for t in self.storage[layer])
-        return _Int8View(vc, vs, self.layout.dtype)
+    def _side_view(self, side):
+        return _Int8View(side[0], side[1], self.layout.dtype)
 
     def kernel_buffers(self, layer):
-        kc, vc, ks, vs = (self._flat(t) for t in self.storage[layer])
+        (kc, ks), (vc, vs) = self._sides(layer)
         return KernelKV(kc, vc, ks, vs, "int8")
 
 
@@ -257,32 +283,23 @@ class Int4KVPool(KVPool):
         self.group = kv_quant.int4_group(layout.head_dim)
         super().__init__(layout, num_pages, device)
 
-    def _allocate(self):
+    def _allocate_side(self):
         L = self.layout
         lead = (self.num_pages + 1, L.page_size, L.num_kv_heads)
         packed, scales = (*lead, L.head_dim // 2), (*lead, L.head_dim // self.group, 2)
         return (torch.empty(packed, dtype=torch.uint8, device=self.device),
-                torch.empty(packed, dtype=torch.uint8, device=self.device),
-                torch.empty(scales, dtype=kv_quant.INT4_SCALE_DTYPE, device=self.device),
                 torch.empty(scales, dtype=kv_quant.INT4_SCALE_DTYPE, device=self.device))
 
-    def store(self, layer, slots, k, v):
-        kp, vp, ks, vs = (self._flat(t) for t in self.storage[layer])
-        for packed_buf, scale_buf, x in ((kp, ks, k), (vp, vs, v)):
-            packed, scale = kv_quant.quantize_int4(x, self.group)  # (T, H, D/2), (T, H, D/g, 2)
-            packed_buf.index_copy_(0, slots, packed)
-            scale_buf.index_copy_(0, slots, scale)
+    def _store_side(self, side, slots, x):
+        packed, scale = kv_quant.quantize_int4(x, self.group)  # (T, H, D/2), (T, H, D/g, 2)
+        side[0].index_copy_(0, slots, packed)
+        side[1].index_copy_(0, slots, scale)
 
-    def k_view(self, layer):
-        kp, _, ks, _ = (self._flat(t) for t in self.storage[layer])
-        return _Int4View(kp, ks, self.group, self.layout.dtype)
-
-    def v_view(self, layer):
-        _, vp, _, vs = (self._flat(t) for t in self.storage[layer])
-        return _Int4View(vp, vs, self.group, self.layout.dtype)
+    def _side_view(self, side):
+        return _Int4View(side[0], side[1], self.group, self.layout.dtype)
 
     def kernel_buffers(self, layer):
-        kp, vp, ks, vs = (self._flat(t) for t in self.storage[layer])
+        (kp, ks), (vp, vs) = self._sides(layer)
         return KernelKV(kp, vp, ks, vs, "int4", self.group)
 
 

@@ -55,17 +55,24 @@ class CompileChoice:
     reason: str
 
 
-def choose_compile(mode: str, device: torch.device, tp_size: int) -> CompileChoice:
+def choose_compile(mode: str, device: torch.device, tp_size: int, moe: bool = False) -> CompileChoice:
     """Resolve the `compile` option against this runner; `on` where it cannot work is an error.
 
     `auto` compiles where it was measured to pay: one CPU rank (`benchmarks/compile_forward.py`:
     decode steps 3-9% faster, extends 5-6%). CUDA stays eager under `auto` until it has been
-    measured there; `on` tries it.
+    measured there; `on` tries it. Mixture-of-experts models stay eager: the sorted dispatch
+    runs each expert on as many tokens as the router sent it, a size the one-graph trace
+    cannot know.
     """
     if mode not in COMPILE_MODES:
         raise ConfigError(f"compile={mode!r}: must be one of {COMPILE_MODES}")
     if mode == "off":
         return CompileChoice(False, "compile=off")
+    if moe:
+        if mode == "on":
+            raise ConfigError("compile='on' for a mixture-of-experts model: its expert dispatch depends "
+                              "on the routing, which the compiled graph does not trace; use compile='auto' or 'off'")
+        return CompileChoice(False, "mixture of experts: eager")
     if tp_size > 1:
         if mode == "on":
             raise ConfigError("compile='on' with tp_size > 1: the tensor-parallel collectives are not "

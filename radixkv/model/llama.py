@@ -1,4 +1,10 @@
-"""Llama-family causal LM (Llama, Qwen2, Qwen3, Mistral) over the paged KV pool.
+"""Decoder-only causal LMs over the paged KV pool: the Llama family (Llama, Qwen2, Qwen3,
+Mistral), Gemma 3, and DeepSeek V2/V3, Qwen3-MoE and Mixtral, from one set of blocks.
+
+A layer is attention + MLP around two RMSNorms. Which attention (`Attention`: MHA/GQA/MQA, or
+`radixkv.model.mla.MLAAttention`), which MLP (`SwiGLU`, GELU-tanh for Gemma, or
+`radixkv.model.moe.MoEBlock`) and which norms (Gemma's (1 + w) norm, and its "sandwich" norms
+after attention and after the MLP) follow from the `ModelConfig`.
 
 The model holds no KV state of its own: every attention layer calls the attention backend with
 the `ForwardBatch`, which stores the new tokens' K/V into the pool and reads the rest of each
@@ -27,6 +33,8 @@ from radixkv.model.layers import (
     row_parallel_add,
     rotate,
 )
+from radixkv.model.mla import MLAAttention
+from radixkv.model.moe import MoEBlock
 from radixkv.parallel.group import SingleRank
 from radixkv.parallel.shard import TPShard
 
@@ -42,15 +50,15 @@ class Attention(nn.Module):
         self.num_kv_heads = shard.local(config.num_kv_heads)
         self.head_dim = config.head_dim
         self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        self.sm_scale = config.head_dim**-0.5
+        self.sm_scale = config.query_scale if config.query_scale is not None else config.head_dim**-0.5
         self.sliding_window = config.sliding_windows[layer]
         self.qkv_proj = nn.Linear(
             config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.attention_bias
         )
         self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
-        if config.qk_norm:  # Qwen3: each head of q and of k normalised over head_dim before RoPE
-            self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
-            self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
+        if config.qk_norm:  # Qwen3, Gemma 3: each head of q and of k normalised over head_dim before RoPE
+            self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps, config.norm_offset)
+            self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps, config.norm_offset)
         self.qk_norm = config.qk_norm
 
     def forward(
@@ -59,8 +67,8 @@ class Attention(nn.Module):
         cos_sin: tuple[torch.Tensor, torch.Tensor],  # (T, 1, D) each
         backend: AttentionBackend,
         fb: ForwardBatch,
-        residual: torch.Tensor,  # (T, H)
-    ) -> torch.Tensor:  # (T, H): residual + attention output
+        residual: torch.Tensor | None,  # (T, H)
+    ) -> torch.Tensor:  # (T, H): residual + attention output (the output alone when residual is None)
         T, D = x.shape[0], self.head_dim
         qkv = self.qkv_proj(x)  # (T, q_size + 2 * kv_size)
         qk_size = self.q_size + self.kv_size
@@ -73,24 +81,45 @@ class Attention(nn.Module):
         q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)  # (T, Hq, D), (T, Hkv, D)
         v = qkv[:, qk_size:].view(T, self.num_kv_heads, D)  # (T, Hkv, D)
         o = backend.forward(q, k, v, self.layer, self.sm_scale, self.sliding_window, fb)  # (T, Hq, D)
+        if residual is None:
+            return self.comm.all_reduce(self.o_proj(o.reshape(T, self.q_size)))
         return row_parallel_add(self.o_proj, o.reshape(T, self.q_size), residual, self.comm)
 
 
 class DecoderLayer(nn.Module):
+    """Pre-norm attention and MLP, each added to the residual stream. With sandwich norms
+    (Gemma 3) each block's output is normalised too before it is added:
+    `x + post_attention_layernorm(attn(input_layernorm(x)))`, then
+    `x + post_feedforward_layernorm(mlp(pre_feedforward_layernorm(x)))`."""
+
     def __init__(self, config: ModelConfig, layer: int, shard: TPShard = TPShard(), comm=SingleRank()):
         super().__init__()
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = Attention(config, layer, shard, comm)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = SwiGLU(config.hidden_size, config.intermediate_size, shard, comm)
+        h, eps, offset = config.hidden_size, config.rms_norm_eps, config.norm_offset
+        self.sandwich = config.sandwich_norms
+        self.local_rope = config.sliding_windows[layer] is not None and config.local_rope is not None
+        self.input_layernorm = RMSNorm(h, eps, offset)
+        self.self_attn = MLAAttention(config, layer) if config.mla is not None else Attention(config, layer, shard, comm)
+        self.post_attention_layernorm = RMSNorm(h, eps, offset)
+        if self.sandwich:
+            self.pre_feedforward_layernorm = RMSNorm(h, eps, offset)
+            self.post_feedforward_layernorm = RMSNorm(h, eps, offset)
+        if config.moe is not None and config.moe.moe_layers[layer]:
+            self.mlp = MoEBlock(h, config.moe, config.hidden_act)
+        else:
+            self.mlp = SwiGLU(h, config.intermediate_size, shard, comm, config.hidden_act)
 
-    def forward(self, x, cos_sin, backend, fb):  # (T, H) -> (T, H)
-        x = self.self_attn(self.input_layernorm(x), cos_sin, backend, fb, residual=x)
-        return self.mlp(self.post_attention_layernorm(x), residual=x)
+    def forward(self, x, rope_tables, backend, fb):  # (T, H) -> (T, H)
+        cos_sin = rope_tables[1] if self.local_rope else rope_tables[0]
+        if not self.sandwich:
+            x = self.self_attn(self.input_layernorm(x), cos_sin, backend, fb, residual=x)
+            return self.mlp(self.post_attention_layernorm(x), residual=x)
+        x = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), cos_sin, backend, fb, None))
+        return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x), residual=None))
 
 
 class LlamaForCausalLM(nn.Module):
-    """Llama / Qwen2 / Mistral decoder; `forward` returns logits of `fb.logits_index` rows.
+    """Every supported decoder (see the module docstring); `forward` returns logits of
+    `fb.logits_index` rows.
 
     `config` describes the whole model; `shard` says which part of it this rank holds."""
 
@@ -100,8 +129,12 @@ class LlamaForCausalLM(nn.Module):
         self.shard, self.comm = shard, comm
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, shard, comm)
         self.layers = nn.ModuleList(DecoderLayer(config, i, shard, comm) for i in range(config.num_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.rotary = RotaryEmbedding(config.head_dim, config.max_position_embeddings, config.rope)
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, config.norm_offset)
+        rope_dim = config.mla.qk_rope_head_dim if config.mla is not None else config.head_dim
+        self.rotary = RotaryEmbedding(rope_dim, config.max_position_embeddings, config.rope)
+        # Gemma 3's sliding layers rotate with their own base
+        self.local_rotary = (RotaryEmbedding(rope_dim, config.max_position_embeddings, config.local_rope)
+                             if config.local_rope is not None else None)
         if config.tie_word_embeddings:
             self.lm_head = None
         else:
@@ -134,6 +167,16 @@ class LlamaForCausalLM(nn.Module):
             count += 1
         return count
 
+    def finish_load(self) -> None:
+        """Weights derived from the checkpoint's, once it is loaded (MLA's absorbed projections)."""
+        for module in self.modules():
+            if module is not self and hasattr(module, "finish_load"):
+                module.finish_load()
+
+    def moe_blocks(self) -> list[tuple[int, MoEBlock]]:
+        """(layer, block) of every mixture-of-experts layer."""
+        return [(i, layer.mlp) for i, layer in enumerate(self.layers) if isinstance(layer.mlp, MoEBlock)]
+
     @torch.inference_mode()
     def forward(self, fb: ForwardBatch, backend: AttentionBackend) -> torch.Tensor:  # (N, V)
         backend.begin_forward(fb)
@@ -150,9 +193,12 @@ class LlamaForCausalLM(nn.Module):
         """The forward on tensors alone, once `backend` has begun `fb`: what a compiled graph
         traces (`radixkv.model.compiled`, with `fb` None and a graph-op backend)."""
         cos_sin = self.rotary.cos_sin(positions)  # shared by every layer
+        local = self.local_rotary.cos_sin(positions) if self.local_rotary is not None else cos_sin
         x = self.embed_tokens(input_ids)  # (T, H)
+        if self.config.embed_scale != 1.0:  # Gemma: scaled in the weights' dtype, as transformers does
+            x = x * torch.tensor(self.config.embed_scale, dtype=x.dtype)
         for layer in self.layers:
-            x = layer(x, cos_sin, backend, fb)
+            x = layer(x, (cos_sin, local), backend, fb)
         x = self.norm(x[logits_index])  # (N, H): only the rows whose logits are asked for
         if self.lm_head is None:  # tied output layer
             logits = torch.nn.functional.linear(x, self.embed_tokens.weight)  # (N, Vp)
@@ -160,4 +206,6 @@ class LlamaForCausalLM(nn.Module):
             logits = self.lm_head(x)  # (N, Vp)
         if self.comm.size > 1:
             logits = self.comm.all_gather(logits)[:, : self.config.vocab_size]  # (N, V)
-        return logits.float()  # (N, V)
+        logits = logits.float()  # (N, V)
+        cap = self.config.final_logit_softcapping
+        return torch.tanh(logits / cap) * cap if cap else logits

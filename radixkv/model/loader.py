@@ -25,6 +25,21 @@ from radixkv.parallel.shard import TPShard
 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 _IGNORED = re.compile(r"(rotary_emb\.inv_freq|\.rotary_emb\.)")
+_EXPERT = re.compile(r"^(model\.layers\.\d+\.mlp)\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
+_MIXTRAL = re.compile(r"\.block_sparse_moe\.(?:experts\.(\d+)\.(w1|w2|w3)|gate)\.weight$")
+_MIXTRAL_PROJ = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
+
+
+def checkpoint_name(name: str) -> str:
+    """A checkpoint tensor's name in the Hugging Face layout our targets use (Mixtral's
+    `block_sparse_moe.experts.E.w1` is `mlp.experts.E.gate_proj`, and so on)."""
+    m = _MIXTRAL.search(name)
+    if m is None:
+        return name
+    head = name[: m.start()]
+    if m.group(1) is None:
+        return f"{head}.mlp.gate.weight"
+    return f"{head}.mlp.experts.{m.group(1)}.{_MIXTRAL_PROJ[m.group(2)]}.weight"
 
 
 def resolve_model_dir(model: str | Path | None, cache_dir: str | Path | None = None) -> Path:
@@ -62,7 +77,7 @@ class _Slot:
     None) receive `src[src_index]` (this rank's slice; all of it when None)."""
 
     param: torch.Tensor
-    dest_rows: slice | None = None
+    dest_rows: slice | tuple | None = None  # an index into param (rows, or (expert, rows))
     src_index: tuple[slice, ...] | None = None
     full_shape: tuple[int, ...] | None = None  # the checkpoint tensor's shape, when sliced
 
@@ -78,8 +93,8 @@ class _Targets:
 
     def __init__(self, model: LlamaForCausalLM, config: ModelConfig, shard: TPShard):
         params = dict(model.named_parameters())
-        q, kv, inter, hidden = config.q_size, config.kv_size, config.intermediate_size, config.hidden_size
-        q_loc, kv_loc, inter_loc = shard.local(q), shard.local(kv), shard.local(inter)
+        q, kv, hidden = config.q_size, config.kv_size, config.hidden_size
+        q_loc, kv_loc = shard.local(q), shard.local(kv)
         first, stop, _ = shard.vocab_rows(config.vocab_size)
         whole = shard.size == 1
         self.slots: dict[str, _Slot] = {}
@@ -98,15 +113,25 @@ class _Targets:
                     self.slots[f"{base}.{proj}_proj.{kind}"] = _Slot(p, dest, *rows(n, cols))
             elif ".gate_up_proj." in name:
                 base = "model." + name.replace(".gate_up_proj.weight", "")
+                inter_loc = p.shape[0] // 2
+                inter = inter_loc * shard.size
                 self.slots[f"{base}.gate_proj.weight"] = _Slot(p, slice(0, inter_loc), *rows(inter, hidden))
                 self.slots[f"{base}.up_proj.weight"] = _Slot(p, slice(inter_loc, 2 * inter_loc),
                                                              *rows(inter, hidden))
-            elif name.endswith(".o_proj.weight"):  # row-parallel: this rank's input columns
-                self.slots["model." + name] = _Slot(p, None, None if whole else (slice(None), shard.part(q)),
-                                                    (hidden, q))
-            elif name.endswith(".down_proj.weight"):
-                self.slots["model." + name] = _Slot(p, None, None if whole else (slice(None), shard.part(inter)),
-                                                    (hidden, inter))
+            elif name.endswith((".w_gate_up", ".w_down")):  # stacked experts: one tensor per expert
+                base = "model." + name.rsplit(".", 1)[0]
+                experts, out_dim, _ = p.shape
+                for e in range(experts):
+                    if name.endswith(".w_down"):
+                        self.slots[f"{base}.experts.{e}.down_proj.weight"] = _Slot(p, (e,))
+                    else:
+                        half = out_dim // 2
+                        self.slots[f"{base}.experts.{e}.gate_proj.weight"] = _Slot(p, (e, slice(0, half)))
+                        self.slots[f"{base}.experts.{e}.up_proj.weight"] = _Slot(p, (e, slice(half, out_dim)))
+            elif not whole and name.endswith((".o_proj.weight", ".down_proj.weight")):
+                # row-parallel: this rank's input columns
+                cols = p.shape[1] * shard.size
+                self.slots["model." + name] = _Slot(p, None, (slice(None), shard.part(cols)), (hidden, cols))
             elif name in ("embed_tokens.weight", "lm_head.weight"):
                 p.data.zero_()  # rows past the vocabulary stay zero
                 key = name if name.startswith("lm_head.") else "model." + name
@@ -150,14 +175,17 @@ def load_model(
         model = LlamaForCausalLM(config, shard, comm)
     model.to_empty(device=device)
     model.to(dtype)
-    model.rotary.build_tables(device)
+    for rotary in (model.rotary, model.local_rotary):
+        if rotary is not None:
+            rotary.build_tables(device)
     targets = _Targets(model, config, shard)
     filled: set[str] = set()
     with tqdm(total=len(targets.slots), desc="Loading weights", unit="tensor",
               disable=not progress, leave=False) as bar:
         for file in files:
             with safe_open(str(file), framework="pt", device="cpu") as f:
-                for name in f.keys():
+                for stored in f.keys():
+                    name = checkpoint_name(stored)
                     slot = targets.get(name)
                     if slot is None:
                         if _IGNORED.search(name) or (name == "lm_head.weight" and config.tie_word_embeddings):
@@ -167,11 +195,29 @@ def load_model(
                             f"(does config.json describe this checkpoint?)"
                         )
                     dest = slot.param.data if slot.dest_rows is None else slot.param.data[slot.dest_rows]
-                    dest.copy_(_read(f, file, name, slot, dest).to(dtype))
+                    dest.copy_(_read(f, file, stored, slot, dest).to(dtype))
                     filled.add(name)
                     bar.update(1)
     missing = sorted(set(targets.slots) - filled)
     if missing:
         more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
         raise ModelLoadError(f"{model_dir}: missing tensor(s) {missing[:5]}{more}")
+    if config.mla is not None and config.mla.rope_interleave:
+        _deinterleave_mla_rope(model, config)
+    model.finish_load()
     return model.eval()
+
+
+def _deinterleave_mla_rope(model: LlamaForCausalLM, config: ModelConfig) -> None:
+    """Reorder DeepSeek's interleaved RoPE rows into halves (see `radixkv.model.mla`)."""
+    from radixkv.model.mla import deinterleave_rope_rows
+
+    m = config.mla
+    for layer in model.layers:
+        attn = layer.self_attn
+        q = attn.q_proj if m.q_lora_rank is None else attn.q_b_proj
+        q.weight.data = deinterleave_rope_rows(q.weight.data, m.qk_head_dim, m.qk_rope_head_dim)
+        kv = attn.kv_a_proj_with_mqa
+        kv.weight.data = deinterleave_rope_rows(kv.weight.data, m.latent_dim, m.qk_rope_head_dim)
+        if kv.bias is not None:
+            kv.bias.data = deinterleave_rope_rows(kv.bias.data[:, None], m.latent_dim, m.qk_rope_head_dim)[:, 0]

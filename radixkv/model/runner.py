@@ -55,9 +55,10 @@ def rank_threads(config: EngineConfig) -> int:
 
 
 def kv_layout(config: EngineConfig, mc: ModelConfig, shard: TPShard) -> KVLayout:
-    """The KV layout of one rank's pool: its KV heads, every layer."""
-    return KVLayout(mc.num_layers, shard.local(mc.num_kv_heads), mc.head_dim, config.page_size,
-                    config.torch_dtype, config.kv_cache_dtype)
+    """The KV layout of one rank's pool: its KV heads (or MLA's one latent), every layer."""
+    heads, head_dim, latent = mc.kv_heads_and_dim
+    return KVLayout(mc.num_layers, heads if latent else shard.local(heads), head_dim, config.page_size,
+                    config.torch_dtype, config.kv_cache_dtype, latent)
 
 
 def load_rank_model(config: EngineConfig, model_dir: Path, shard: TPShard, comm, device: torch.device,
@@ -155,7 +156,7 @@ class ModelRunner:
             raise
         runner = cls(config, model, memory, model_dir, context_length, workers)
         runner.num_threads = num_threads
-        choice = choose_compile(config.compile, device, tp)
+        choice = choose_compile(config.compile, device, tp, moe=mc.moe is not None)
         if choice.enabled:
             runner.start_compiled(cache_root(config.cache_dir))
         else:

@@ -10,13 +10,16 @@ from radixkv.model.config import SUPPORTED_ARCHITECTURES
 from tests.model.conftest import hf_greedy
 from tests.sched.conftest import greedy, workload
 
-FAMILIES = ["llama", "qwen2", "qwen3", "mistral-window"]  # one tiny checkpoint per architecture
+FAMILIES = ["llama", "qwen2", "qwen3", "mistral-window", "gemma3", "deepseek-v2", "deepseek-v3",
+            "qwen3-moe", "mixtral"]  # one tiny checkpoint per architecture
 
 
 def test_every_supported_architecture_has_a_tiny_checkpoint_here():
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
     from tests.tiny_models import TINY
 
-    archs = {type(TINY[name]()).__name__.replace("Config", "ForCausalLM") for name in FAMILIES}
+    archs = {MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[TINY[name]().model_type] for name in FAMILIES}
     assert archs == set(SUPPORTED_ARCHITECTURES)
 
 
