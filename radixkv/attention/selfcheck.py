@@ -9,6 +9,8 @@ the test, not the first answers.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from radixkv.attention.backend import AttentionBackend, ReferenceBackend
@@ -31,7 +33,7 @@ def check_backend(backend_type: type[AttentionBackend], layout: KVLayout, num_he
                   sliding_window: int | None = None) -> str | None:
     """None if `backend_type` agrees with the reference backend on one layer of `layout` with
     `num_heads` query heads, else what went wrong (a compile error, or how far it was off)."""
-    one = KVLayout(1, layout.num_kv_heads, layout.head_dim, layout.page_size, layout.dtype, layout.kv_cache_dtype)
+    one = dataclasses.replace(layout, num_layers=1)
     try:
         runs = [_run(cls, one, num_heads, device, sliding_window) for cls in (backend_type, ReferenceBackend)]
     except Exception as e:  # noqa: BLE001 - a kernel that does not compile or launch
@@ -70,6 +72,6 @@ def _run(cls: type[AttentionBackend], layout: KVLayout, num_heads: int, device: 
         if not outputs:
             view = pool.k_view(0)
             outputs.append(view.index_select(0, fb.out_cache_loc) if isinstance(view, torch.Tensor) else None)
-        else:
-            outputs.append(out)
+        else:  # a latent attention's values are its first columns (the rest are RoPE keys)
+            outputs.append(out[..., : layout.latent_values] if layout.latent else out)
     return outputs

@@ -53,6 +53,7 @@ class KVLayout:
     dtype: torch.dtype = torch.float32
     kv_cache_dtype: str = "auto"
     latent: bool = False  # MLA: one latent per token and layer, read as both K and V
+    latent_rope_dim: int = 0  # MLA: the latent's trailing RoPE-key columns (not values)
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "num_kv_heads", "head_dim", "page_size"):
@@ -63,6 +64,14 @@ class KVLayout:
             kv_quant.int4_group(self.head_dim)  # raises on an odd head_dim
         if self.latent and self.num_kv_heads != 1:
             raise ConfigError(f"a latent (MLA) KV layout has one KV head, got num_kv_heads={self.num_kv_heads}")
+        if not 0 <= self.latent_rope_dim < (self.head_dim if self.latent else 1):
+            raise ConfigError(f"KVLayout.latent_rope_dim={self.latent_rope_dim} must be in [0, head_dim) "
+                              f"for a latent layout and 0 otherwise")
+
+    @property
+    def latent_values(self) -> int:
+        """Columns of a latent that are values (MLA's kv_lora_rank)."""
+        return self.head_dim - self.latent_rope_dim
 
     @property
     def tensors_per_token(self) -> int:

@@ -168,11 +168,12 @@ class ModelConfig:
         return self.num_kv_heads * self.head_dim
 
     @property
-    def kv_heads_and_dim(self) -> tuple[int, int, bool]:
-        """What the KV pool stores per token and layer: (heads, head_dim, latent)."""
+    def kv_heads_and_dim(self) -> tuple[int, int, int | None]:
+        """What the KV pool stores per token and layer: (heads, head_dim, the RoPE columns of
+        a latent or None when K and V are stored)."""
         if self.mla is not None:
-            return 1, self.mla.latent_dim, True
-        return self.num_kv_heads, self.head_dim, False
+            return 1, self.mla.latent_dim, self.mla.qk_rope_head_dim
+        return self.num_kv_heads, self.head_dim, None
 
     @property
     def linear_params(self) -> int:

@@ -46,12 +46,15 @@ def resolve_model_dir(model: str | Path | None, cache_dir: str | Path | None = N
     """A directory holding config.json and safetensors weights for `model`.
 
     `None` is the embedded default model (SmolLM2-135M-Instruct, converted once and cached);
-    a `.gguf` file is converted once into the cache; a directory is used as is.
+    a name in `gguf.NAMED_MODELS` (`gemma3-270m`) is its installed package's GGUF; a `.gguf`
+    file is converted once into the cache; a directory is used as is.
     """
     from radixkv.model import gguf
 
     if model is None:
         return gguf.default_model_dir(cache_dir)
+    if str(model) in gguf.NAMED_MODELS and not Path(model).exists():
+        return gguf.convert_gguf_cached(gguf.NAMED_MODELS[str(model)].gguf_path(cache_dir), cache_dir)
     path = Path(model).expanduser()
     if path.is_file() and path.suffix == ".gguf":
         return gguf.convert_gguf_cached(path, cache_dir)
@@ -62,8 +65,9 @@ def resolve_model_dir(model: str | Path | None, cache_dir: str | Path | None = N
             raise ModelLoadError(f"model directory {path} has no *.safetensors weights")
         return path
     raise ModelLoadError(
-        f"model {str(model)!r} is neither a model directory nor a .gguf file "
-        "(nothing is downloaded: give a local path, or no model for the embedded default)"
+        f"model {str(model)!r} is neither a model directory, a .gguf file nor one of "
+        f"{sorted(gguf.NAMED_MODELS)} (nothing is downloaded: give a local path, or no model for "
+        "the embedded default)"
     )
 
 

@@ -84,10 +84,15 @@ class MoEBlock(nn.Module):
         self.register_buffer("tokens_per_expert", torch.zeros(E, dtype=torch.int64), persistent=False)
         self.register_buffer("last_tokens_per_expert", torch.zeros(E, dtype=torch.int64), persistent=False)
 
+    def finish_load(self) -> None:
+        """Start the counters at zero (a model built on `meta` gets uninitialised buffers)."""
+        self.tokens_per_expert.zero_()
+        self.last_tokens_per_expert.zero_()
+
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:  # (T, H) -> (T, H)
         """`residual + shared(x) + sum over the chosen experts e of w_e * expert_e(x)`."""
         weights, ids = self.gate(x)  # (T, k) each
-        T, k = ids.shape
+        k = ids.shape[1]
         flat = ids.reshape(-1)  # (T*k,) expert of each assignment
         order = flat.argsort(stable=True)  # assignments grouped by expert
         counts = torch.bincount(flat, minlength=self.cfg.num_experts)  # (E,)

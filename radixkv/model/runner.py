@@ -56,9 +56,10 @@ def rank_threads(config: EngineConfig) -> int:
 
 def kv_layout(config: EngineConfig, mc: ModelConfig, shard: TPShard) -> KVLayout:
     """The KV layout of one rank's pool: its KV heads (or MLA's one latent), every layer."""
-    heads, head_dim, latent = mc.kv_heads_and_dim
+    heads, head_dim, rope = mc.kv_heads_and_dim
+    latent = rope is not None
     return KVLayout(mc.num_layers, heads if latent else shard.local(heads), head_dim, config.page_size,
-                    config.torch_dtype, config.kv_cache_dtype, latent)
+                    config.torch_dtype, config.kv_cache_dtype, latent, rope or 0)
 
 
 def load_rank_model(config: EngineConfig, model_dir: Path, shard: TPShard, comm, device: torch.device,
@@ -195,6 +196,22 @@ class ModelRunner:
         if compiled.active:
             logger.info("forward compiled in %.1f s (%d graph; cache %s)", time.perf_counter() - start,
                         compiled.graphs, os.environ.get("TORCHINDUCTOR_CACHE_DIR"))
+
+    def moe_stats(self) -> dict[str, Any]:
+        """Tokens routed to each expert of each mixture-of-experts layer (`get_stats()`):
+        `expert_tokens` since start and `expert_tokens_last_step` (the last forward), each
+        `{"layer": [tokens of expert 0, 1, ...]}`; `expert_load_imbalance` is the busiest expert's
+        tokens over the mean, since start (1.0 = perfectly even). Empty for a dense model."""
+        blocks = self.model.moe_blocks()
+        if not blocks:
+            return {}
+        total = {str(i): b.tokens_per_expert.tolist() for i, b in blocks}
+        counts = torch.stack([b.tokens_per_expert for _, b in blocks]).float()  # (layers, E)
+        mean = counts.mean(-1)
+        imbalance = float((counts.max(-1).values / mean.clamp(min=1e-9)).mean()) if bool((mean > 0).all()) else 0.0
+        return {"expert_tokens": total,
+                "expert_tokens_last_step": {str(i): b.last_tokens_per_expert.tolist() for i, b in blocks},
+                "expert_load_imbalance": imbalance}
 
     def compile_stats(self) -> dict[str, Any]:
         """Whether the forward runs compiled, its graphs and recompilations (`get_stats()`)."""

@@ -282,7 +282,7 @@ class Scheduler:
         return self.stats.to_dict() | {
             "waiting_requests": len(self.waiting) + sum(map(len, self.grammar_waiting.values())),
             "running_requests": len(self.running),
-        } | self.kv.stats() | self._host_stats() | self.runner.parallel_stats() | self.runner.compile_stats()
+        } | self.kv.stats() | self._host_stats() | self.runner.parallel_stats() | self.runner.compile_stats() | self.runner.moe_stats()
 
     def _host_stats(self) -> dict[str, Any]:
         host = self.memory.host

@@ -48,7 +48,11 @@ class ServerMetrics:
                 ("recompilations", "Compiled graphs built after warm-up (a batch shape the graph missed; should be 0)"),
                 ("mean_queue_seconds", "Mean time from reaching the scheduler to the first forward, since start"),
                 ("mean_prefill_seconds", "Mean time from the first forward to the first token, since start"),
+                ("expert_load_imbalance", "Mixture of experts: the busiest expert's tokens over the mean, "
+                 "averaged over layers, since start (1 = even; 0 for a dense model)"),
             )}
+        self.expert_tokens = Gauge("radixkv_expert_tokens", "Mixture of experts: tokens routed to each "
+                                   "expert of each layer, since start", ["layer", "expert"], registry=r)
 
     def observe_finished(self, chunk) -> None:
         """Count one finished request (its last chunk)."""
@@ -69,4 +73,7 @@ class ServerMetrics:
         """Prometheus text exposition, with gauges set from the scheduler's `stats`."""
         for name, gauge in self.gauges.items():
             gauge.set(float(stats.get(name) or 0))
+        for layer, counts in (stats.get("expert_tokens") or {}).items():
+            for expert, n in enumerate(counts):
+                self.expert_tokens.labels(layer=str(layer), expert=str(expert)).set(n)
         return generate_latest(self.registry)

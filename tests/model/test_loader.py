@@ -16,7 +16,7 @@ def copy_dir(src, dst):
 
 
 def test_missing_config_and_weights_are_named(tmp_path, tiny_model_dir):
-    with pytest.raises(ModelLoadError, match="neither a model directory nor a .gguf"):
+    with pytest.raises(ModelLoadError, match="neither a model directory, a .gguf file nor one of"):
         resolve_model_dir(tmp_path / "nope")
     empty = tmp_path / "empty"
     empty.mkdir()
