@@ -64,18 +64,29 @@ def plan_extend(
     extend_start_loc: torch.Tensor,
     sliding_window: int | None = None,
 ) -> ExtendPlan:
+    """Gather indices and masks per request; with a sliding window, per block of at most
+    `window_block(window)` new tokens, each reading only the keys its window reaches, so the
+    work is proportional to the window, not to the context."""
     # One host copy of the descriptors instead of a sync per request.
     rows, lens = req_pool_indices.tolist(), seq_lens.tolist()
     prefixes, starts = prefix_lens.tolist(), extend_start_loc.tolist()
     spans, slots, masks = [], [], []
+    device = req_to_token.device
     for row, seq_len, prefix_len, start in zip(rows, lens, prefixes, starts):
-        if seq_len == prefix_len:
-            continue
-        kv_pos = torch.arange(seq_len, device=req_to_token.device)  # (L,)
-        spans.append((start, seq_len - prefix_len))
-        slots.append(req_to_token[row, :seq_len].long())  # (L,) index_select is far faster than fancy indexing
-        masks.append(visible_mask(kv_pos[prefix_len:], kv_pos, sliding_window))  # (Tb, L)
+        step = seq_len - prefix_len if sliding_window is None else window_block(sliding_window)
+        for first in range(prefix_len, seq_len, max(step, 1)):  # first new position of the block
+            stop = min(first + step, seq_len)
+            lo = 0 if sliding_window is None else max(0, first - sliding_window + 1)  # first key any row sees
+            kv_pos = torch.arange(lo, stop, device=device)  # (L,)
+            spans.append((start + first - prefix_len, stop - first))
+            slots.append(req_to_token[row, lo:stop].long())  # (L,) index_select is far faster than fancy indexing
+            masks.append(visible_mask(torch.arange(first, stop, device=device), kv_pos, sliding_window))  # (Tb, L)
     return ExtendPlan(spans, slots, masks)
+
+
+def window_block(sliding_window: int) -> int:
+    """New tokens per block of a windowed extend: a block of n reads n + window - 1 keys."""
+    return max(sliding_window, 64)
 
 
 def extend_attention_planned(
@@ -127,14 +138,18 @@ def plan_decode(
     seq_lens: torch.Tensor,
     sliding_window: int | None = None,
 ) -> DecodePlan:
-    max_len = int(seq_lens.max())
-    kv_pos = torch.arange(max_len, device=seq_lens.device)  # (L,)
-    in_seq = kv_pos[None, :] < seq_lens[:, None]  # (B, L)
+    """With a sliding window each row gathers only its last `window` positions."""
+    lens = seq_lens.long()
+    first = torch.zeros_like(lens) if sliding_window is None else (lens - sliding_window).clamp(min=0)  # (B,)
+    max_len = int((lens - first).max())
+    kv_pos = first[:, None] + torch.arange(max_len, device=seq_lens.device)[None, :]  # (B, L)
+    in_seq = kv_pos < lens[:, None]  # (B, L)
     # Positions past a request's length hold arbitrary slot ids: point them at slot 0.
-    slots = req_to_token[req_pool_indices, :max_len].long()  # (B, L)
+    table = req_to_token.index_select(0, req_pool_indices)  # (B, max_context)
+    slots = table.gather(1, kv_pos.clamp(max=table.shape[1] - 1)).long()  # (B, L)
     slots = torch.where(in_seq, slots, 0)  # (B, L)
-    q_pos = (seq_lens - 1).unsqueeze(-1)  # (B, 1)
-    mask = visible_mask(q_pos, kv_pos.expand_as(in_seq), sliding_window) & in_seq[:, None, :]  # (B, 1, L)
+    q_pos = (lens - 1).unsqueeze(-1)  # (B, 1)
+    mask = visible_mask(q_pos, kv_pos, sliding_window) & in_seq[:, None, :]  # (B, 1, L)
     return DecodePlan(slots.reshape(-1), mask.unsqueeze(1), max_len)
 
 

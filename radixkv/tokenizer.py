@@ -23,8 +23,8 @@ class Tokenizer:
         except (OSError, ValueError) as e:
             raise ModelLoadError(f"{model_dir}: cannot load the tokenizer ({e})") from e
         eos = {self.hf.eos_token_id} if self.hf.eos_token_id is not None else set()
-        # chat models end a turn with their template's end token (ChatML: <|im_end|>)
-        for token in ("<|im_end|>", "<|eot_id|>", "<|end|>"):
+        # chat models end a turn with their template's end token (ChatML: <|im_end|>; Gemma: <end_of_turn>)
+        for token in ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>"):
             tid = self.hf.convert_tokens_to_ids(token)
             if isinstance(tid, int) and tid != self.hf.unk_token_id and tid >= 0:
                 eos.add(tid)

@@ -69,3 +69,23 @@ def test_reference_store_kv_writes_only_the_given_slots_in_buffer_dtype():
     untouched = torch.ones(10, dtype=torch.bool)
     untouched[loc] = False
     assert not k_buffer[untouched].any() and not v_buffer[untouched].any()
+
+
+def test_a_sliding_window_reads_only_its_window_however_long_the_context():
+    """A 300-token prefill and a decode at 301 with a window of 8: every query block gathers at
+    most window_block + window - 1 keys (work proportional to the window), and every token
+    still equals the per-token softmax over its window."""
+    window = 8
+    batch = make_paged_batch([300, 301], [0, 300], page_size=4, num_kv_heads=1, head_dim=4, dtype=torch.float32)
+    plan = reference.plan_extend(batch.req_to_token, batch.req_pool_indices, batch.seq_lens, batch.prefix_lens,
+                                 batch.extend_start_loc, window)
+    block = reference.window_block(window)
+    assert max(s.shape[0] for s in plan.slots) <= block + window - 1
+    assert sum(m.numel() for m in plan.masks) <= 301 * (block + window - 1)  # not 300 * 300 / 2
+    decode = reference.plan_decode(batch.req_to_token, batch.req_pool_indices, batch.seq_lens, window)
+    assert decode.max_len == window
+    q = randn(301, 2, 4, dtype=torch.float32)
+    o = reference.extend_attention(q, *batch.extend_args(), 4 ** -0.5, window)
+    for t in (0, 7, 8, 70, 299):
+        assert torch.allclose(o[t].double(), naive_token_attention(batch, q[t], 0, t, window), atol=1e-5)
+    assert torch.allclose(o[300].double(), naive_token_attention(batch, q[300], 1, 300, window), atol=1e-5)
