@@ -309,6 +309,12 @@ def _parse_mla(cfg: dict[str, Any]) -> MLAConfig:
 
 
 def _parse_moe(cfg: dict[str, Any], arch: str, num_layers: int) -> MoEConfig | None:
+    """The mixture-of-experts part of `cfg`, or None when no layer has experts."""
+    moe = _parse_moe_fields(cfg, arch, num_layers)
+    return moe if moe is not None and any(moe.moe_layers) else None
+
+
+def _parse_moe_fields(cfg: dict[str, Any], arch: str, num_layers: int) -> MoEConfig | None:
     if arch in _DEEPSEEK:
         experts = cfg.get("n_routed_experts")
         if not experts:

@@ -3,8 +3,8 @@ against the general decode kernel run as MQA over the same latents (interpreted 
 
 import pytest
 import torch
-
 from radixkv.kernels import decode_attention, mla_decode_attention, reference
+
 from radixkv.mem.kv_pool import KVLayout, make_kv_pool
 from tests.kernels.paged_batch import assert_close, make_paged_batch, randn
 
