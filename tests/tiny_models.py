@@ -60,6 +60,10 @@ TINY = {
                          "mscale_all_dim": 1.0, "original_max_position_embeddings": 128,
                          "beta_fast": 32, "beta_slow": 1},
         tie_word_embeddings=False),
+    # MLA with dense MLPs only (every layer below first_k_dense_replace): the compiled forward runs it
+    "deepseek-v3-dense": lambda: DeepseekV3Config(
+        **{**COMMON, "num_key_value_heads": 8}, kv_lora_rank=32, q_lora_rank=48, qk_nope_head_dim=16,
+        qk_rope_head_dim=8, v_head_dim=16, n_routed_experts=8, first_k_dense_replace=2, tie_word_embeddings=True),
     "qwen3-moe": lambda: Qwen3MoeConfig(**COMMON, head_dim=32, moe_intermediate_size=64, num_experts=8,
                                         num_experts_per_tok=2, norm_topk_prob=True, tie_word_embeddings=False),
     "mixtral": lambda: MixtralConfig(**{**COMMON, "intermediate_size": 64}, num_local_experts=4,

@@ -168,6 +168,11 @@ class ModelConfig:
         return self.num_kv_heads * self.head_dim
 
     @property
+    def rope_dim(self) -> int:
+        """Dimensions each rotated head has: `qk_rope_head_dim` for MLA, else `head_dim`."""
+        return self.mla.qk_rope_head_dim if self.mla is not None else self.head_dim
+
+    @property
     def kv_heads_and_dim(self) -> tuple[int, int, int | None]:
         """What the KV pool stores per token and layer: (heads, head_dim, the RoPE columns of
         a latent or None when K and V are stored)."""

@@ -130,7 +130,7 @@ class LlamaForCausalLM(nn.Module):
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, shard, comm)
         self.layers = nn.ModuleList(DecoderLayer(config, i, shard, comm) for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, config.norm_offset)
-        rope_dim = config.mla.qk_rope_head_dim if config.mla is not None else config.head_dim
+        rope_dim = config.rope_dim
         self.rotary = RotaryEmbedding(rope_dim, config.max_position_embeddings, config.rope)
         # Gemma 3's sliding layers rotate with their own base
         self.local_rotary = (RotaryEmbedding(rope_dim, config.max_position_embeddings, config.local_rope)

@@ -97,11 +97,12 @@ class MLAAttention(nn.Module):
     ) -> torch.Tensor:  # (T, hidden)
         m = self.m
         q_nope, q_pe, latent = self.project(x, cos_sin)
-        q_lat = torch.einsum("thn,hnr->thr", q_nope, self.w_uk)  # (T, H, rank): W_UK folded into q
+        # batched over heads (bmm, not einsum: the compiled graph's token count is unbacked)
+        q_lat = torch.bmm(q_nope.transpose(0, 1), self.w_uk).transpose(0, 1)  # (T, H, rank): W_UK folded into q
         q = torch.cat((q_lat, q_pe), dim=-1)  # (T, H, rank + rope)
         o = backend.forward(q, latent, latent, self.layer, self.sm_scale, None, fb)  # (T, H, rank + rope)
-        o = torch.einsum("thr,hrv->thv", o[..., : m.kv_lora_rank], self.w_uv)  # (T, H, v)
-        out = self.o_proj(o.reshape(o.shape[0], -1))  # (T, hidden)
+        o = torch.bmm(o[..., : m.kv_lora_rank].transpose(0, 1), self.w_uv).transpose(0, 1)  # (T, H, v)
+        out = self.o_proj(o.reshape(o.shape[0], self.num_heads * m.v_head_dim))  # (T, hidden); no -1: T is unbacked when compiled
         return out if residual is None else residual + out
 
 

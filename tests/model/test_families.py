@@ -42,3 +42,24 @@ def test_engine_greedy_equals_transformers(tiny_model_dir, name, options):
     assert first == want and again == want
     if not options.get("disable_radix_cache"):
         assert stats["cached_prompt_tokens"] > 0
+
+
+@pytest.mark.parametrize("name, what", [("deepseek-v2", "multi-head latent attention"),
+                                        ("qwen3-moe", "mixture-of-experts")])
+def test_tensor_parallel_refuses_what_it_cannot_split_yet(tiny_model_dir, name, what):
+    from radixkv.errors import ConfigError
+    from radixkv.model.config import ModelConfig, check_tp_size
+
+    config = ModelConfig.from_file(tiny_model_dir(name) / "config.json")
+    with pytest.raises(ConfigError, match=f"does not support {what}.*tp_size=1"):
+        check_tp_size(config, 2)
+
+
+def test_an_unknown_architecture_is_refused_with_the_supported_list():
+    from radixkv.errors import ModelLoadError
+    from radixkv.model.config import ModelConfig
+
+    with pytest.raises(ModelLoadError, match="unsupported architecture 'FalconForCausalLM'.*Gemma3ForCausalLM.*"
+                                             "DeepseekV3ForCausalLM.*MixtralForCausalLM"):
+        ModelConfig.from_dict({"architectures": ["FalconForCausalLM"], "vocab_size": 8, "hidden_size": 8,
+                               "intermediate_size": 8, "num_hidden_layers": 1, "num_attention_heads": 1})

@@ -68,7 +68,7 @@ def test_latent_pool_bytes_per_token_are_what_kv_size_says(tiny_model_dir, fmt):
     assert measured == layout.bytes_per_token == kv_bytes_per_token(path, "float32" if fmt == "auto" else fmt)
 
 
-@pytest.mark.parametrize("fmt", ["fp16", "bf16", "fp8_e4m3", "int8"])
+@pytest.mark.parametrize("fmt", ["fp16", "bf16", "fp8_e4m3", "int8", "int4"])
 def test_a_quantised_latent_gives_the_same_tokens_from_the_cache_as_computed_fresh(tiny_model_dir, fmt):
     path = tiny_model_dir("deepseek-v2")
     outs = {}
@@ -108,6 +108,19 @@ def test_triton_backend_on_latents_matches_the_torch_backend(tiny_model_dir, fmt
     runs = [generate_static(make_runner(path, page_size=4, attention_backend=backend, kv_cache_dtype=fmt,
                                         compile="off"), prompts, 4, keep_step_logits=True)
             for backend in ("torch", "triton")]
+    assert runs[0].output_ids == runs[1].output_ids
+    for a, b in zip(runs[0].step_logits, runs[1].step_logits):
+        assert torch.allclose(a, b, atol=1e-4, rtol=0)
+
+
+def test_a_dense_mla_model_runs_compiled_with_the_eager_logits(tiny_model_dir):
+    from radixkv.model.static_batch import generate_static
+
+    path = tiny_model_dir("deepseek-v3-dense")
+    prompts = [[1, 17, 230, 5, 88, 402, 9], [1, 44, 3]]
+    compiled = make_runner(path, compile="on")
+    assert compiled.compile_stats()["compiled"] and compiled.compile_stats()["compile_fallback"] is None
+    runs = [generate_static(r, prompts, 4, keep_step_logits=True) for r in (compiled, make_runner(path, compile="off"))]
     assert runs[0].output_ids == runs[1].output_ids
     for a, b in zip(runs[0].step_logits, runs[1].step_logits):
         assert torch.allclose(a, b, atol=1e-4, rtol=0)

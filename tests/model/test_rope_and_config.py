@@ -15,11 +15,12 @@ def test_rope_inverse_frequencies_match_transformers(name):
     hf_cfg = TINY[name]()
     ours = ModelConfig.from_dict(hf_cfg.to_dict())
     rope_type = ours.rope.rope_type
+    dim = ours.rope_dim
     if rope_type == "default":
-        ref = 1.0 / ours.rope.theta ** (torch.arange(0, ours.head_dim, 2).float() / ours.head_dim)
+        ref = 1.0 / ours.rope.theta ** (torch.arange(0, dim, 2).float() / dim)
     else:
         ref, _ = ROPE_INIT_FUNCTIONS[rope_type](hf_cfg, "cpu")
-    assert torch.allclose(rope_inv_freq(ours.head_dim, ours.rope), ref.float(), rtol=1e-5)
+    assert torch.allclose(rope_inv_freq(dim, ours.rope), ref.float(), rtol=1e-5)
 
 
 def test_old_style_rope_keys_and_qwen2_window_layers():
@@ -31,8 +32,8 @@ def test_old_style_rope_keys_and_qwen2_window_layers():
     assert mc.rope == RopeConfig(theta=1e6)
     assert mc.sliding_windows == (None, None, 128, 128)
     assert mc.attention_bias and mc.eos_token_ids == (5, 6) and mc.head_dim == 4
-    with pytest.raises(ModelLoadError, match="rope type 'yarn' is not supported"):
-        ModelConfig.from_dict({**cfg, "rope_scaling": {"rope_type": "yarn", "factor": 4}})
+    with pytest.raises(ModelLoadError, match="rope type 'longrope' is not supported"):
+        ModelConfig.from_dict({**cfg, "rope_scaling": {"rope_type": "longrope", "factor": 4}})
     with pytest.raises(ModelLoadError, match="not a multiple"):
         ModelConfig.from_dict({**cfg, "num_key_value_heads": 3})
 
