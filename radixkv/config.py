@@ -17,6 +17,7 @@ from radixkv.kv_bytes import KV_CACHE_DTYPES, parse_host_size, parse_size
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 SCHEDULE_POLICIES = ("lpm", "fcfs", "dfs-weight")
 LOG_LEVELS = ("debug", "info", "warning", "error")
+SPECULATIVE_ALGORITHMS = ("ngram", "radix", "draft")
 EVICTION_POLICIES = ("lru", "lfu", "fifo", "reuse", "reuse-cost")
 """The online eviction policies by name (built by `radixkv.mem.eviction.make_policy`)."""
 
@@ -84,6 +85,14 @@ class EngineConfig:
     grammar_compile_memory: str = _opt("2GiB", "memory one grammar's compile may take beyond the compiler "
                                        "process's own (e.g. 2GiB, 512MB; 0: no limit); over it the request "
                                        "is refused (HTTP 400)")
+    speculative_algorithm: str | None = _opt(None, "speculative decoding: propose draft tokens cheaply, verify "
+                                             "them in one forward: ngram (the request's own earlier text), "
+                                             "radix (what followed the same sequence in the prefix cache), "
+                                             "draft (a smaller model with the same tokenizer); default: off")
+    speculative_num_draft_tokens: int = _opt(4, "draft tokens proposed per request and step at most (each "
+                                             "request's own count follows its acceptance, down to 0)")
+    speculative_draft_model_path: str | None = _opt(None, "the draft model (a directory or .gguf) for "
+                                                    "speculative_algorithm=draft")
     random_seed: int = _opt(0, "seed of the shared sampling generator (requests may carry their own)")
     timeline_file: str | None = _opt(None, "append a JSON-lines timeline here: one line per forward (what it "
                                      "ran, how long) and per finished request (queued, scheduled, first token, "
@@ -135,6 +144,14 @@ class EngineConfig:
         check(self.starvation_limit >= 1, "starvation_limit", "must be >= 1")
         check(self.retract_decode_steps >= 1, "retract_decode_steps", "must be >= 1")
         check(self.log_level in LOG_LEVELS, "log_level", f"must be one of {LOG_LEVELS}")
+        check(self.speculative_algorithm in (None, *SPECULATIVE_ALGORITHMS), "speculative_algorithm",
+              f"must be one of {SPECULATIVE_ALGORITHMS} (or unset: off)")
+        check(isinstance(self.speculative_num_draft_tokens, int) and 1 <= self.speculative_num_draft_tokens <= 16,
+              "speculative_num_draft_tokens", "must be an integer in 1..16")
+        check((self.speculative_algorithm == "draft") == (self.speculative_draft_model_path is not None),
+              "speculative_draft_model_path", "is needed by speculative_algorithm=draft, and only by it")
+        check(self.speculative_algorithm is None or self.tp_size == 1, "speculative_algorithm",
+              "does not combine with tp_size > 1 yet")
         check(isinstance(self.grammar_compile_timeout, (int, float)) and 0 < self.grammar_compile_timeout <= 3600,
               "grammar_compile_timeout", "must be in (0, 3600] seconds")
         try:

@@ -36,6 +36,8 @@ class ReqOutput:
     output_top_logprobs: list[list[list]] | None = None
     input_logprobs: list[list] | None = None
     input_top_logprobs: list[list[list] | None] | None = None
+    spec_verify_ct: int = 0  # speculative decoding: forwards that verified drafts (SGLang's name)
+    spec_accepted_tokens: int = 0  # draft tokens kept
 
     @classmethod
     def failed(cls, rid: str, message: str, kind: ErrorKind) -> ReqOutput:
@@ -47,7 +49,8 @@ class ReqOutput:
         """The `meta_info` of a result (SGLang's names)."""
         return {"id": self.rid, "prompt_tokens": self.prompt_tokens, "cached_tokens": self.cached_tokens,
                 "completion_tokens": self.completion_tokens, "finish_reason": self.finish_reason,
-                "ttft": self.ttft, "e2e_latency": self.latency}
+                "ttft": self.ttft, "e2e_latency": self.latency, "spec_verify_ct": self.spec_verify_ct,
+                "spec_accepted_tokens": self.spec_accepted_tokens}
 
     def raise_if_error(self) -> None:
         """Raise the typed error (`radixkv.errors.error_of_kind`) of a request that failed."""

@@ -76,6 +76,10 @@ class PrefixCache(ABC):
     def record_use(self, match: MatchResult) -> None:
         """A request uses the settled `match`: the path's access times and hit counts move."""
 
+    def continuation(self, key: Sequence[int], namespace: Namespace = None, limit: int = 8) -> list[int]:
+        """Tokens cached right after the whole of `key` (see `RadixCache.continuation`); none by default."""
+        return []
+
     def match_prefix(self, key: Sequence[int], namespace: Namespace = None, *,
                      record_hit: bool = True) -> MatchResult:
         """`peek`, then `settle`; with `record_hit` (a request will use the prefix) also

@@ -141,6 +141,40 @@ class RadixCache(PrefixCache):
             node, pos = child, pos + n
         return MatchResult(pages, pos, node, key=key, namespace=namespace, epoch=self.epoch)
 
+    def continuation(self, key: Sequence[int], namespace: Namespace = None, limit: int = 8) -> list[int]:
+        """Up to `limit` tokens the tree holds right after the whole of `key` (token-exact, not
+        page-aligned): what followed the same sequence in an earlier request, along the most
+        recently used branch. Empty when `key`'s path leaves the tree. Changes nothing."""
+        key = key if isinstance(key, tuple) else tuple(key)
+        node, pos = self.root, 0
+        while pos < len(key):
+            child = self._child_at(node, key, pos, namespace)
+            if child is None:
+                return []
+            rest = key[pos: pos + len(child.key)]
+            if child.key[: len(rest)] != rest:
+                return []  # diverges inside the edge
+            if pos + len(child.key) >= len(key):  # key ends inside (or at the end of) this edge
+                node, out = child, list(child.key[len(rest): len(rest) + limit])
+                break
+            pos += len(child.key)
+            node = child
+        else:
+            out = []
+        while len(out) < limit and node.children:  # follow the most recent branch
+            node = max(node.children.values(), key=lambda c: c.last_access)
+            out.extend(node.key[: limit - len(out)])
+        return out
+
+    def _child_at(self, node: TreeNode, key: tuple, pos: int, namespace: Namespace) -> TreeNode | None:
+        """The child of `node` whose edge starts with key[pos:] (or its first page)."""
+        if len(key) - pos >= self.page_size:
+            return node.children.get(self._child_key(node, key, pos, namespace))
+        rest = key[pos:]  # less than a page left: any child starting with it
+        fits = [c for ck, c in node.children.items()
+                if c.key[: len(rest)] == rest and (node is not self.root or ck[0] == namespace)]
+        return max(fits, key=lambda c: c.last_access, default=None)
+
     def settle(self, match: MatchResult) -> MatchResult:
         if match.epoch != self.epoch:  # the tree changed under it since: match again
             match = self.peek(match.key, match.namespace)

@@ -63,6 +63,48 @@ class Sampler:
         return out
 
 
+    @torch.inference_mode()
+    def verify(self, logits: torch.Tensor, draft: list[int], row_at) -> list[int]:
+        """Check one request's draft tokens against the target's logits; the tokens it keeps.
+
+        logits (k + 1, V): row i scores the token after `draft[:i]`; `row_at(i)` is the
+        request's `SamplingRow` at that point (its output so far plus `draft[:i]`, for penalties
+        and suppression). Greedy: a draft is kept while it is the target's argmax. Sampling
+        (the speculative-sampling rule for a deterministic draft): draft d is kept with the
+        target's probability p(d); on a rejection the token is drawn from p with d removed,
+        renormalised; so each kept token has the target's distribution. Returns the kept
+        drafts and one more token (the correction, or the bonus after the last draft).
+        """
+        out: list[int] = []
+        for i in range(len(draft) + 1):
+            row = row_at(i)
+            lg = logits[i: i + 1].float().clone()  # (1, V)
+            if row.params.has_penalties:
+                lg[0] = apply_penalties(lg[0], row)
+            if row.suppress_ids:
+                lg[0, list(row.suppress_ids)] = float("-inf")
+            proposed = draft[i] if i < len(draft) else None
+            gen = row.generator or self.generator
+            if row.params.greedy or not torch.isfinite(lg).any():
+                token = int(lg.argmax())
+            else:
+                probs = filtered_probs(lg, [row.params])[0]  # (V,)
+                if proposed is not None:
+                    if float(torch.rand((), generator=gen, device=probs.device)) < float(probs[proposed]):
+                        out.append(proposed)
+                        continue
+                    probs = probs.clone()
+                    probs[proposed] = 0.0
+                    if float(probs.sum()) <= 0:  # p(d) was 1: a rejection cannot happen
+                        out.append(proposed)
+                        continue
+                token = int(torch.multinomial(probs / probs.sum(), 1, generator=gen))
+            out.append(token)
+            if token != proposed:
+                break
+        return out
+
+
 def filtered_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
     """logits (S, V) -> probabilities (S, V) after temperature, top-k, top-p and min-p."""
     dev = logits.device

@@ -38,9 +38,10 @@ class Admission:
     """Builds each step's `Schedule` over the scheduler's `waiting` queue and `running` list."""
 
     def __init__(self, config: EngineConfig, kv: RequestKV, policy: SchedulePolicy, stats: SchedulerStats,
-                 waiting: deque[Req], running: list[Req]):
+                 waiting: deque[Req], running: list[Req], proposer=None, context_length: int | None = None):
         self.config, self.kv, self.policy, self.stats = config, kv, policy, stats
         self.waiting, self.running = waiting, running
+        self.proposer, self.context_length = proposer, context_length  # speculative decoding
 
     def schedule(self) -> Schedule | None:
         """The next forward's rows, or None when nothing can run."""
@@ -68,13 +69,33 @@ class Admission:
 
         Returns the rows and whether anything was retracted."""
         reqs = [r for r in self.running if r.is_decoding]
-        retracted = False
+        drafts = self._drafts(reqs)
+        if drafts and self.kv.reserve(sum(self.kv.pages_for(r, 1 + len(drafts.get(r.rid, ()))) for r in reqs)):
+            return [self.kv.grow(r, 1, drafts.get(r.rid)) for r in reqs], False
+        retracted = False  # no room for drafts: plain decode, retracting if even that does not fit
         while reqs and not self.kv.reserve(sum(self.kv.pages_for(r, 1) for r in reqs)):
             victim = max(reqs, key=lambda r: r.arrival_time)  # the latest to arrive yields
             self.retract(victim)
             reqs.remove(victim)
             retracted = True
         return [self.kv.grow(r, 1) for r in reqs], retracted
+
+    def _drafts(self, reqs: list[Req]) -> dict[str, list[int]]:
+        """Draft tokens of each speculating request this step (none past its token budget)."""
+        if self.proposer is None:
+            return {}
+        asks = []
+        for r in reqs:
+            if r.spec is None or r.grammar is not None:
+                continue
+            k = min(r.spec.next(), r.remaining_new_tokens - 1, self.context_length - r.seq_len - 1)
+            if k > 0:
+                asks.append((r, k))
+        if hasattr(self.proposer, "propose_batch"):  # one batched draft model run for all of them
+            drafts = self.proposer.propose_batch(asks)
+        else:
+            drafts = {r.rid: self.proposer.propose(r, k) for r, k in asks}
+        return {rid: d[:k] for (r, k) in asks if (d := drafts.get(rid := r.rid))}
 
     def _prefill_rows(self, budget: int, admit: bool) -> list[BatchRow]:
         """Continue chunked prefills, then (if `admit`) admit waiting requests, within `budget`

@@ -26,6 +26,7 @@ class RowLayout:
     prompt: list[int]
     positions: list[int]  # prompt positions whose logits `prompt` holds (they score position + 1)
     sample: int | None
+    drafts: int = 0  # draft tokens: rows sample .. sample + drafts score the token after each
 
 
 @dataclass(slots=True)
@@ -47,8 +48,8 @@ class ScheduledBatch:
 
     @property
     def all_samples(self) -> bool:
-        """Every logits row is a sample row (no prompt log-probs in this forward)."""
-        return all(not lay.prompt for lay in self.layout)
+        """Every logits row is a request's one sample row (no prompt log-probs, no drafts)."""
+        return all(not lay.prompt and not lay.drafts for lay in self.layout)
 
     @classmethod
     def build(cls, rows: list[BatchRow], num_decode: int, device: torch.device) -> ScheduledBatch:
@@ -59,11 +60,11 @@ class ScheduledBatch:
             index.extend(offset + r for r in scored)
             prompt = list(range(n, n + len(scored)))
             n += len(scored)
-            sample = None
+            sample, k = None, len(row.draft)
             if row.samples:
-                index.append(offset + len(row.tokens) - 1)
-                sample, n = n, n + 1
-            layout.append(RowLayout(prompt, [row.start + r for r in scored], sample))
+                index.extend(offset + len(row.tokens) - 1 - k + i for i in range(k + 1))
+                sample, n = n, n + k + 1
+            layout.append(RowLayout(prompt, [row.start + r for r in scored], sample, k))
             offset += len(row.tokens)
         mode = ForwardMode.DECODE if all(len(row.tokens) == 1 for row in rows) else ForwardMode.EXTEND
         forward = ForwardBatch.build(mode, [row.tokens for row in rows], [row.req.row for row in rows],

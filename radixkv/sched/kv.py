@@ -14,7 +14,7 @@ by running requests and not by the tree.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from radixkv.errors import CacheInvariantError
 from radixkv.mem import KVMemory, MatchResult, PrefixCache, pages_for_tokens
@@ -24,17 +24,21 @@ from radixkv.sched.request import Req, ReqStatus
 
 @dataclass(slots=True)
 class BatchRow:
-    """One request's part of a forward: its new `tokens` from position `start`, stored at `slots`."""
+    """One request's part of a forward: its new `tokens` from position `start`, stored at `slots`.
+
+    A speculating request's tokens end with `draft` tokens (not part of its sequence yet): the
+    forward scores each, and the ones verification rejects are rolled back."""
 
     req: Req
     start: int
     tokens: list[int]
     slots: list[int]
+    draft: list[int] = field(default_factory=list)
 
     @property
     def samples(self) -> bool:
         """Whether this forward computes the request's next token (its last new token ends it)."""
-        return self.start + len(self.tokens) == self.req.seq_len
+        return self.start + len(self.tokens) - len(self.draft) == self.req.seq_len
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,13 +112,14 @@ class RequestKV:
         return self.allocator.free_pages >= pages
 
     # -- a running request -----------------------------------------------------------------------
-    def grow(self, req: Req, n: int) -> BatchRow:
-        """Slots for `req`'s next `n` tokens (their pages must be free)."""
+    def grow(self, req: Req, n: int, draft: list[int] | None = None) -> BatchRow:
+        """Slots for `req`'s next `n` tokens, then its `draft` tokens (their pages must be free)."""
         start = req.kv_len
-        slots = req.seq.extend(n)
+        draft = draft or []
+        slots = req.seq.extend(n + len(draft))
         self.req_table.write(req.row, start, slots)
-        req.kv_len += n
-        return BatchRow(req, start, req.tokens(start, start + n), slots)
+        req.kv_len += n + len(draft)
+        return BatchRow(req, start, req.tokens(start, start + n) + draft, slots, draft)
 
     def pages_for(self, req: Req, n: int) -> int:
         """Pages `grow(req, n)` would take."""
@@ -133,7 +138,8 @@ class RequestKV:
         req.seq, req.row, req.last_node, req.kv_len = None, None, None, 0
 
     def rollback(self, req: Req, n: int) -> None:
-        """Undo the last `n` slots `req` was given (their forward never ran)."""
+        """Undo the last `n` slots `req` was given (their forward never ran, or they held
+        rejected drafts): they leave its sequence before anything reaches the tree."""
         req.kv_len -= n
         req.seq.truncate(req.kv_len)
 

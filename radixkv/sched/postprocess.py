@@ -24,10 +24,12 @@ logger = logging.getLogger(__name__)
 
 @dataclass(slots=True)
 class Sampled:
-    """A request this forward sampled for, and why it finished (None: it goes on)."""
+    """A request this forward sampled for, and why it finished (None: it goes on).
+    `rejected`: trailing KV slots of this forward holding drafts it did not keep (to roll back)."""
 
     req: Req
     finish: dict[str, Any] | None
+    rejected: int = 0
 
 
 class PostProcessor:
@@ -41,16 +43,18 @@ class PostProcessor:
     def process(self, batch: ScheduledBatch, logits: torch.Tensor) -> list[Sampled]:
         """logits (N, V): the rows `batch.layout` names. Appends each sampled request's token
         (and any tokens its grammar forces) and returns the sampled requests."""
-        sampling, sample_rows = [], []
+        sampling, sample_rows, verified = [], [], []
         for row, lay in zip(batch.rows, batch.layout):
             if lay.prompt:
                 self._record_prompt_logprobs(row.req, logits[lay.prompt[0]: lay.prompt[-1] + 1], lay.positions)
-            if lay.sample is not None:
+            if lay.sample is not None and lay.drafts:
+                verified.append(self._verify(row.req, row.draft, logits[lay.sample: lay.sample + lay.drafts + 1]))
+            elif lay.sample is not None:
                 sampling.append(row.req)
                 sample_rows.append(lay.sample)
         if not sampling:
-            return []
-        if not batch.all_samples:  # some rows were prompt log-probs: keep the sampling rows
+            return verified
+        if not batch.all_samples:  # some rows were prompt log-probs or drafts: keep the sampling rows
             logits = logits[torch.tensor(sample_rows, dtype=torch.int64, device=logits.device)]
         wants = [i for i, r in enumerate(sampling) if r.logprob.return_logprob and r.params.max_new_tokens]
         raw = logits[wants].clone() if wants else None  # the model's own distribution, before sampling edits it
@@ -60,7 +64,32 @@ class PostProcessor:
         tokens = self.sampler.sample(logits, rows)
         if wants:
             self._record_output_logprobs([sampling[i] for i in wants], raw, [tokens[i] for i in wants])
-        return [self._take(req, token) for req, token in zip(sampling, tokens)]
+        return verified + [self._take(req, token) for req, token in zip(sampling, tokens)]
+
+    def _verify(self, req: Req, draft: list[int], logits: torch.Tensor) -> Sampled:
+        """Keep the drafts the target agrees with, plus its own next token (`Sampler.verify`);
+        append them one by one under the stop rules. logits (k + 1, V)."""
+        base = list(req.output_ids)
+
+        def row_at(i: int) -> SamplingRow:
+            return SamplingRow(req.params, req.generator, base + draft[:i], req.prompt_ids,
+                               suppressed_ids(req, self.eos_ids, ahead=i))
+
+        kept = self.sampler.verify(logits, draft, row_at)
+        accepted = len(kept) - 1  # drafts the target agreed with
+        taken = 0
+        for token in kept:
+            sampled = self._take(req, token)
+            taken += 1
+            if sampled.finish is not None:
+                break
+        req.spec.update(len(draft), accepted)
+        req.spec_verify_ct += 1
+        req.spec_accepted_tokens += taken - 1
+        self.stats.record_verify(len(draft), taken - 1)
+        # KV holds the pending token and every draft; keep the drafts now in the output
+        sampled.rejected = len(draft) - (taken - 1)
+        return sampled
 
     def _take(self, req: Req, token: int) -> Sampled:
         """Append `token` to `req` (and what its grammar forces after it); why it stops, if it does."""

@@ -62,6 +62,10 @@ class Req:
     peeked: Any = None  # scratch: the policy's look at the cached prefix (a MatchResult), this step only
     logprobs: LogprobState = field(default_factory=LogprobState)
     grammar: Any = None  # RequestGrammar: where the output stands in its grammar (constrained decoding)
+    # speculative decoding
+    spec: Any = None  # DraftLength (radixkv.sched.speculative) when this request may speculate
+    spec_verify_ct: int = 0  # forwards that verified drafts of this request
+    spec_accepted_tokens: int = 0  # draft tokens it kept
 
     @property
     def seq_ids(self) -> list[int]:
@@ -114,7 +118,8 @@ class Req:
             ttft=None if self.first_token_time is None else self.first_token_time - self.arrival_time,
             latency=None if self.finish_time is None else self.finish_time - self.arrival_time,
             error=error, error_kind=error_kind, output_logprobs=out_lp, output_top_logprobs=out_top,
-            input_logprobs=in_lp, input_top_logprobs=in_top)
+            input_logprobs=in_lp, input_top_logprobs=in_top, spec_verify_ct=self.spec_verify_ct,
+            spec_accepted_tokens=self.spec_accepted_tokens)
 
     def check(self) -> None:
         assert 0 <= self.kv_len <= self.seq_len, (self.rid, self.kv_len, self.seq_len)

@@ -36,6 +36,7 @@ from radixkv.sched.kv import RequestKV
 from radixkv.sched.policy import SchedulePolicy
 from radixkv.sched.postprocess import PostProcessor
 from radixkv.sched.request import Req, ReqStatus
+from radixkv.sched.speculative import DraftLength, make_proposer
 from radixkv.sched.stats import SchedulerStats
 from radixkv.sched.stop import Decoder
 from radixkv.sched.timeline import open_timeline
@@ -72,11 +73,24 @@ class Scheduler:
         self.stats = SchedulerStats()
         self.policy = SchedulePolicy(config.schedule_policy, self.cache, config.starvation_limit)
         self.kv = RequestKV(memory, self.cache, config.retract_decode_steps)
-        self.admission = Admission(config, self.kv, self.policy, self.stats, self.waiting, self.running)
+        self.proposer = self._proposer(config)
+        self.admission = Admission(config, self.kv, self.policy, self.stats, self.waiting, self.running,
+                                   self.proposer, runner.context_length)
         self.post = PostProcessor(Sampler(runner.device, config.random_seed), self.eos_ids, runner.context_length,
                                   decoder, runner.model_config.vocab_size, self.stats)
         self._grammars = None  # GrammarService, started by the first constrained request
         self.timeline = open_timeline(config.timeline_file)
+
+    def _proposer(self, config: EngineConfig):
+        """The draft proposer `speculative_algorithm` names, or None (speculation off)."""
+        name = config.speculative_algorithm
+        if name is None:
+            return None
+        if name == "draft":
+            from radixkv.sched.draft_model import DraftModelProposer
+
+            return DraftModelProposer.load(config, self.runner)
+        return make_proposer(name, self.cache)
 
     @classmethod
     def load(cls, config: EngineConfig, progress: bool = True) -> Scheduler:
@@ -103,6 +117,9 @@ class Scheduler:
         if req.rid in self.reqs:
             raise InvalidRequestError(f"request id {req.rid!r} is already in use")
         self.validate(req)
+        if self.proposer is not None and not req.logprob.return_logprob and req.params.grammar is None:
+            k = self.config.speculative_num_draft_tokens
+            req.spec = DraftLength(k, k)  # constrained and log-prob requests decode one token a step
         spec = req.params.grammar
         if spec is not None:
             grammars = self.grammar_compiler()
@@ -199,6 +216,8 @@ class Scheduler:
             raise
         forward_time = time.perf_counter() - forward_start
         for sampled in self.post.process(batch, logits):
+            if sampled.rejected:  # drafts it did not keep: their KV goes before anything is cached
+                self.kv.rollback(sampled.req, sampled.rejected)
             if sampled.finish is not None:
                 self._finish(sampled.req, sampled.finish)
             outputs.append(sampled.req.take_output())
@@ -299,4 +318,6 @@ class Scheduler:
             self._grammars.close()
         if self.timeline is not None:
             self.timeline.close()
+        if hasattr(self.proposer, "close"):
+            self.proposer.close()
         self.runner.close()

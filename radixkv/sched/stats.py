@@ -25,6 +25,10 @@ class SchedulerStats:
     decode_tokens: int = 0  # decode tokens computed, in any step
     grammar_mask_seconds: float = 0.0  # filling and applying grammar masks
     jump_forward_tokens: int = 0  # output tokens a grammar forced, appended without decoding
+    # speculative decoding
+    spec_verify_ct: int = 0  # request-forwards that verified drafts (one per request and forward)
+    spec_draft_tokens: int = 0  # draft tokens proposed and verified
+    spec_accepted_tokens: int = 0  # of those, kept in the output
     # where time to first token goes, summed over requests (divide by first_tokens for means):
     first_tokens: int = 0  # requests that produced their first token
     queue_seconds: float = 0.0  # arrival at the scheduler -> first scheduled into a forward
@@ -43,6 +47,12 @@ class SchedulerStats:
         self.first_tokens += 1
         self.queue_seconds += admitted - arrival
         self.prefill_seconds += first_token - admitted
+
+    def record_verify(self, drafts: int, accepted: int) -> None:
+        """One request's drafts verified in a forward: `accepted` of `drafts` were kept."""
+        self.spec_verify_ct += 1
+        self.spec_draft_tokens += drafts
+        self.spec_accepted_tokens += accepted
 
     def record_step(self, num_decode: int, prefill_tokens: int, seconds: float, forward: float) -> None:
         """One forward of `num_decode` decode rows and `prefill_tokens` prompt tokens."""
@@ -69,6 +79,10 @@ class SchedulerStats:
         d["cache_hit_rate"] = self.cache_hit_rate
         d["device_hit_tokens"] = self.cached_prompt_tokens - self.host_hit_tokens  # served from the KV pool
         d["recomputed_prompt_tokens"] = self.prompt_tokens - self.cached_prompt_tokens
+        d["spec_accept_rate"] = self.spec_accepted_tokens / self.spec_draft_tokens if self.spec_draft_tokens else 0.0
+        # tokens a verifying forward produced for its request: kept drafts + the target's own
+        d["spec_tokens_per_verify"] = ((self.spec_accepted_tokens + self.spec_verify_ct) / self.spec_verify_ct
+                                       if self.spec_verify_ct else 0.0)
         n = max(self.first_tokens, 1)
         d["mean_queue_seconds"], d["mean_prefill_seconds"] = self.queue_seconds / n, self.prefill_seconds / n
         return d

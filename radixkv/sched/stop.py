@@ -16,10 +16,11 @@ class Decoder(Protocol):
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str: ...
 
 
-def suppressed_ids(req: Req, eos_ids: frozenset[int]) -> tuple[int, ...]:
-    """Tokens the sampler must not pick yet (EOS and stop ids before min_new_tokens). A
-    completed grammar allows only stop tokens, so min_new_tokens cannot hold it back."""
-    if len(req.output_ids) >= req.params.min_new_tokens:
+def suppressed_ids(req: Req, eos_ids: frozenset[int], ahead: int = 0) -> tuple[int, ...]:
+    """Tokens the sampler must not pick yet (EOS and stop ids before min_new_tokens), for the
+    token `ahead` positions past the output so far (a draft's). A completed grammar allows only
+    stop tokens, so min_new_tokens cannot hold it back."""
+    if len(req.output_ids) + ahead >= req.params.min_new_tokens:
         return ()
     if req.grammar is not None and req.grammar.completed:
         return ()

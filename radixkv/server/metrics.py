@@ -48,6 +48,11 @@ class ServerMetrics:
                 ("recompilations", "Compiled graphs built after warm-up (a batch shape the graph missed; should be 0)"),
                 ("mean_queue_seconds", "Mean time from reaching the scheduler to the first forward, since start"),
                 ("mean_prefill_seconds", "Mean time from the first forward to the first token, since start"),
+                ("spec_verify_ct", "Speculative decoding: request-forwards that verified draft tokens, since start"),
+                ("spec_accepted_tokens", "Speculative decoding: draft tokens kept in outputs, since start"),
+                ("spec_accept_rate", "Speculative decoding: kept / proposed draft tokens, since start"),
+                ("spec_tokens_per_verify", "Speculative decoding: tokens a verifying forward yields per request "
+                 "(kept drafts + one), since start"),
                 ("expert_load_imbalance", "Mixture of experts: the busiest expert's tokens over the mean, "
                  "averaged over layers, since start (1 = even; 0 for a dense model)"),
             )}
