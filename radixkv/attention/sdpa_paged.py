@@ -27,6 +27,11 @@ request's attention is split where the mask has a simple shape:
   and one large product replaces one per request. Each request's own part (the rest of its
   prefix, and its new tokens causally) merges with it by log-sum-exp.
 
+- **Short extends** (rows of a few new tokens: speculative decoding's verify rows, the last
+  token + its drafts): attended together like decode rows, one padded gather of each row's
+  whole KV and one SDPA call with a causal-and-padding mask, instead of two flash calls per
+  row (at 8 rows of 5 tokens, 143 ms a forward against 69 ms for plain decode before this).
+
 Sliding-window layers keep the reference's masked path (the fused kernel has no window).
 Every function here is tested against the reference.
 """
@@ -43,6 +48,7 @@ SHARED_MIN_SAVED_TOKENS = 1024
 """A shared prefix is read once when that saves reading at least this many KV tokens per layer
 (below it, the extra kernel calls cost more than the bytes they save)."""
 FOLD_MIN_PREFIX, FOLD_ROWS = 1024, (64, 1024)  # where folding GQA heads into rows pays (`unmasked`)
+SHORT_NEW = 16  # extend rows of at most this many new tokens go through `short_rows` (two or more of them)
 
 
 @dataclass(frozen=True)
@@ -86,12 +92,25 @@ class SharedExtend:
 
 
 @dataclass(frozen=True)
+class ShortRows:
+    """Extend rows of a few new tokens each, attended in one padded call."""
+
+    queries: torch.Tensor  # (B, N) positions in T of each row's new tokens (padding -> its first)
+    valid: torch.Tensor  # (B, N) bool: a real new token
+    slots: torch.Tensor  # (B * L,) KV slots of each row's whole sequence, padding -> 0
+    mask: torch.Tensor  # (B, 1, N, L) bool: causal within the row, no padding
+    max_len: int  # L
+
+
+@dataclass(frozen=True)
 class SdpaPlan:
     """Per-forward work shared by every layer: which rows take which path, gather indices."""
 
     spans: list[ExtendSpan]
     decode: DecodeRows | None
     shared_extends: tuple[SharedExtend, ...] = ()
+    short: ShortRows | None = None
+    short_spans: frozenset[int] = frozenset()  # indices into `spans` that `short` attends
 
 
 def plan(
@@ -104,7 +123,7 @@ def plan(
 ) -> SdpaPlan:
     rows, lens = req_pool_indices.tolist(), seq_lens.tolist()
     prefixes, starts = prefix_lens.tolist(), extend_start_loc.tolist()
-    spans, dec = [], []
+    spans, dec, info = [], [], []
     for b, (row, seq_len, prefix_len, start) in enumerate(zip(rows, lens, prefixes, starts)):
         n = seq_len - prefix_len
         if n == 1:
@@ -112,9 +131,48 @@ def plan(
         elif n > 1:
             slots = req_to_token[row, :prefix_len].long() if prefix_len else None  # (P,)
             spans.append(ExtendSpan(start, n, slots))
+            info.append((row, seq_len, prefix_len, start))
     shared, spans = _shared_extends(spans)
+    grouped = {i for g in shared for i in g.spans}  # a shared prefix read once beats the short path
+    short = [i for i, (_, n, p, _) in enumerate(info) if i not in grouped and p and n - p <= SHORT_NEW]
+    if len(short) < 2:  # one row alone: the flash path
+        short = []
     return SdpaPlan(spans, _plan_decode(req_to_token, req_pool_indices, seq_lens,
-                                        extend_start_loc, dec, num_tokens) if dec else None, tuple(shared))
+                                        extend_start_loc, dec, num_tokens) if dec else None, tuple(shared),
+                    _plan_short(req_to_token, [info[i] for i in short]) if short else None, frozenset(short))
+
+
+def _plan_short(req_to_token: torch.Tensor, short: list[tuple[int, int, int, int]]) -> ShortRows:
+    """Gather indices and the causal mask of short extend rows: (row, seq_len, prefix_len, start) each."""
+    dev = req_to_token.device
+    rows = torch.tensor([r for r, _, _, _ in short], device=dev)
+    lens = torch.tensor([n for _, n, _, _ in short], device=dev)  # (B,)
+    prefix = torch.tensor([p for _, _, p, _ in short], device=dev)  # (B,)
+    starts = torch.tensor([s for _, _, _, s in short], device=dev)  # (B,)
+    new = lens - prefix  # (B,)
+    max_len, max_new = int(lens.max()), int(new.max())
+    i = torch.arange(max_new, device=dev)[None, :]  # (1, N)
+    valid = i < new[:, None]  # (B, N)
+    queries = starts[:, None] + torch.where(valid, i, 0)  # (B, N)
+    kv_pos = torch.arange(max_len, device=dev)[None, :]  # (1, L)
+    in_seq = kv_pos < lens[:, None]  # (B, L)
+    slots = torch.where(in_seq, req_to_token.index_select(0, rows)[:, :max_len].long(), 0)  # (B, L)
+    q_pos = prefix[:, None] + i  # (B, N) absolute position of each new token
+    mask = (kv_pos[:, None, :] <= q_pos[:, :, None]) & in_seq[:, None, :]  # (B, N, L)
+    return ShortRows(queries, valid, slots.reshape(-1), mask[:, None], max_len)
+
+
+def short_rows(q: torch.Tensor, k_buffer, v_buffer, s: ShortRows, sm_scale: float) -> torch.Tensor:
+    """Short extend rows in one padded SDPA call: (B * N, Hq, D) outputs, row-major over
+    (row, new token), padding included (the caller keeps the valid ones)."""
+    B, N = s.queries.shape
+    Hq, D = q.shape[1:]
+    H = k_buffer.shape[1]
+    qs = q.index_select(0, s.queries.reshape(-1)).float().view(B, N, Hq, D).transpose(1, 2)  # (B, Hq, N, D)
+    k = k_buffer.index_select(0, s.slots).float().view(B, s.max_len, H, D).transpose(1, 2)  # (B, Hkv, L, D)
+    v = v_buffer.index_select(0, s.slots).float().view(B, s.max_len, H, D).transpose(1, 2)
+    out = F.scaled_dot_product_attention(qs, k, v, attn_mask=s.mask, scale=sm_scale, enable_gqa=H != Hq)  # (B, Hq, N, D)
+    return out.transpose(1, 2).reshape(B * N, Hq, D)
 
 
 def _shared_extends(spans: list[ExtendSpan]) -> tuple[list[SharedExtend], list[ExtendSpan]]:
@@ -217,13 +275,17 @@ def attention(
     if d is not None and d.all_rows:
         return decode_rows(q, k_buffer, v_buffer, d, sm_scale)
     o = torch.empty_like(q)  # (T, Hq, D)
-    in_group = {i for g in p.shared_extends for i in g.spans}
+    in_group = {i for g in p.shared_extends for i in g.spans} | p.short_spans
     for i, s in enumerate(p.spans):
         if i not in in_group:
             new = slice(s.start, s.start + s.num_new)
             o[new] = extend_span(q[new], k[new], v[new], k_buffer, v_buffer, s.prefix_slots, sm_scale)
     for g in p.shared_extends:
         shared_extend(q, k, v, k_buffer, v_buffer, [p.spans[i] for i in g.spans], g.slots, sm_scale, o)
+    if p.short is not None:
+        valid = p.short.valid.reshape(-1)  # (B * N,)
+        o.index_copy_(0, p.short.queries.reshape(-1)[valid],
+                      short_rows(q, k_buffer, v_buffer, p.short, sm_scale)[valid].to(o.dtype))
     if d is not None:
         o.index_copy_(0, d.rows, decode_rows(q.index_select(0, d.rows), k_buffer, v_buffer, d, sm_scale))
     return o

@@ -19,7 +19,8 @@ Proposers (`speculative_algorithm`), behind `Proposer.propose(req, k)`:
 - `draft`: a smaller model (`radixkv.sched.draft_model`).
 
 `DraftLength` adapts each request's k to its recent acceptance, down to 0 with an exponential
-back-off, so text where drafts fail costs little over speculation off.
+back-off when too few drafts are kept to pay for the verify forward, so text where drafts
+fail costs little over speculation off.
 """
 
 from __future__ import annotations
@@ -80,13 +81,22 @@ class RadixProposer:
 
 @dataclass(slots=True)
 class DraftLength:
-    """One request's draft length: grows back after full acceptance, shrinks to what was
-    accepted, and after repeated misses pauses drafting for 2, 4, .. 32 steps."""
+    """One request's draft length, from its recent acceptance.
+
+    `rate` is a running average of the share of drafted tokens kept. A verify forward costs
+    more than a decode step (more tokens; an extend row instead of a decode row), so drafts
+    pay only when enough of them are kept: below `MIN_RATE` the request stops drafting for
+    2, 4, .. 32 steps, then tries one token again. Otherwise k grows by one after a fully
+    accepted draft and shrinks to what was kept (at least one) after a miss."""
 
     k: int
     max_k: int
+    rate: float = 0.6  # optimistic start: the first drafts are tried
     misses: int = 0
     pause: int = 0
+
+    MIN_RATE = 0.4
+    DECAY = 0.5
 
     def next(self) -> int:
         """Drafts to ask for this step (0 while paused)."""
@@ -98,11 +108,11 @@ class DraftLength:
     def update(self, proposed: int, accepted: int) -> None:
         if proposed == 0:
             return
-        if accepted == 0:
+        self.rate = self.DECAY * self.rate + (1 - self.DECAY) * accepted / proposed
+        if accepted == 0 or self.rate < self.MIN_RATE:
             self.misses += 1
             self.k = 1
-            if self.misses >= 2:
-                self.pause = min(32, 2 ** (self.misses - 1))
+            self.pause = min(32, 2 ** self.misses) if self.rate < self.MIN_RATE or self.misses >= 2 else 0
             return
         self.misses = 0
         self.k = min(self.max_k, accepted + 1 if accepted == proposed else max(1, accepted))

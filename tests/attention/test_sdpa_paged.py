@@ -182,3 +182,19 @@ def test_folding_query_heads_of_a_kv_head_into_rows_changes_nothing(n, prefix):
 def test_a_long_cached_prefix_with_grouped_heads_matches_reference():
     fused, expected, _ = run_both([1100 + 90], [1100], hq=6, hkv=2)
     assert_close(fused, expected)
+
+
+@pytest.mark.parametrize("hq,hkv", [(4, 4), (8, 2), (6, 1)])
+def test_short_extend_rows_go_through_one_padded_call_and_match_reference(hq, hkv):
+    """Verify rows of speculative decoding (the last token + 1-4 drafts) beside plain decode
+    rows and a long extend: the short ones are batched, and every output equals the reference."""
+    seq_lens, prefix_lens = [30, 12, 50, 9, 44, 70], [27, 11, 45, 8, 40, 20]
+    fused, expected, plan = run_both(seq_lens, prefix_lens, hq=hq, hkv=hkv, seed=5)
+    assert plan.short is not None and plan.short.queries.shape == (3, 5)  # rows 0, 2, 4: 3-5 new tokens each
+    assert len(plan.spans) - len(plan.short_spans) == 1 and plan.decode is not None  # the 50-token extend; 2 decode rows
+    assert_close(fused, expected)
+
+
+def test_a_lone_short_extend_row_keeps_the_flash_path():
+    _, _, plan = run_both([30, 12], [26, 11])
+    assert plan.short is None and len(plan.spans) == 1 and not plan.short_spans

@@ -31,15 +31,29 @@ def test_draft_length_grows_shrinks_and_backs_off():
     d.update(4, 4)
     assert d.next() == 4
     d.update(4, 2)
-    assert d.next() == 2
-    d.update(2, 0)
-    assert d.next() == 1  # one miss: keep trying with one
-    d.update(1, 0)
-    assert [d.next() for _ in range(3)] == [0, 0, 1]  # two misses: pause 2 steps
-    d.update(1, 0)
-    assert [d.next() for _ in range(5)] == [0, 0, 0, 0, 1]  # three: pause 4
-    d.update(1, 1)
-    assert d.next() == 2 and d.misses == 0
+    assert d.next() == 2  # kept 2: ask for 2
+    d.update(2, 2)
+    assert d.next() == 3  # all kept: one more
+    d.update(3, 0)  # one miss at a good rate: try one token next
+    assert d.next() == 1
+    d.update(1, 0)  # a second miss (the rate is now low): pause 4 steps, then try one
+    assert [d.next() for _ in range(5)] == [0, 0, 0, 0, 1]
+    d.update(1, 0)  # a third: pause 8
+    assert [d.next() for _ in range(9)] == [0] * 8 + [1]
+    for _ in range(3):  # drafts kept again: the rate recovers and k grows back
+        while d.next() == 0:
+            pass
+        d.update(1, 1)
+    assert d.rate > DraftLength.MIN_RATE and d.misses == 0 and d.next() == 2
+
+
+def test_a_low_acceptance_rate_pauses_even_when_some_drafts_are_kept():
+    d = DraftLength(4, 4)
+    for _ in range(4):  # one of four kept, every time
+        while d.next() == 0:
+            pass
+        d.update(4 if d.k == 4 else d.k, 1 if d.k > 1 else 0)
+    assert d.rate < DraftLength.MIN_RATE and d.pause > 0
 
 
 @pytest.mark.parametrize("page_size", [1, 4])
