@@ -118,8 +118,8 @@ class Scheduler:
             raise InvalidRequestError(f"request id {req.rid!r} is already in use")
         self.validate(req)
         if self.proposer is not None and not req.logprob.return_logprob and req.params.grammar is None:
-            k = self.config.speculative_num_draft_tokens
-            req.spec = DraftLength(k, k)  # constrained and log-prob requests decode one token a step
+            # constrained and log-prob requests decode one token a step
+            req.spec = DraftLength.start(self.config.speculative_num_draft_tokens, self.stats.spec_recent_rate)
         spec = req.params.grammar
         if spec is not None:
             grammars = self.grammar_compiler()

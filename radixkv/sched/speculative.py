@@ -97,6 +97,16 @@ class DraftLength:
 
     MIN_RATE = 0.4
     DECAY = 0.5
+    COLD_PAUSE = 16  # steps a new request waits when recent requests' drafts mostly failed
+
+    @classmethod
+    def start(cls, max_k: int, recent_rate: float) -> DraftLength:
+        """A new request's draft length, from how well drafts did for the requests before it
+        (a draft model that rarely agrees is not tried on every new request's first steps)."""
+        d = cls(max_k, max_k, rate=max(recent_rate, 0.0))
+        if recent_rate < cls.MIN_RATE:
+            d.k, d.pause = 1, cls.COLD_PAUSE
+        return d
 
     def next(self) -> int:
         """Drafts to ask for this step (0 while paused)."""

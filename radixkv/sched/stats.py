@@ -29,6 +29,7 @@ class SchedulerStats:
     spec_verify_ct: int = 0  # request-forwards that verified drafts (one per request and forward)
     spec_draft_tokens: int = 0  # draft tokens proposed and verified
     spec_accepted_tokens: int = 0  # of those, kept in the output
+    spec_recent_rate: float = 0.6  # running share of drafts kept, over the last verifies of every request
     # where time to first token goes, summed over requests (divide by first_tokens for means):
     first_tokens: int = 0  # requests that produced their first token
     queue_seconds: float = 0.0  # arrival at the scheduler -> first scheduled into a forward
@@ -53,6 +54,7 @@ class SchedulerStats:
         self.spec_verify_ct += 1
         self.spec_draft_tokens += drafts
         self.spec_accepted_tokens += accepted
+        self.spec_recent_rate = 0.9 * self.spec_recent_rate + 0.1 * accepted / max(drafts, 1)
 
     def record_step(self, num_decode: int, prefill_tokens: int, seconds: float, forward: float) -> None:
         """One forward of `num_decode` decode rows and `prefill_tokens` prompt tokens."""

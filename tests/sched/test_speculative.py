@@ -47,6 +47,12 @@ def test_draft_length_grows_shrinks_and_backs_off():
     assert d.rate > DraftLength.MIN_RATE and d.misses == 0 and d.next() == 2
 
 
+def test_a_new_request_starts_from_how_drafts_did_recently():
+    assert DraftLength.start(4, 0.8).next() == 4
+    cold = DraftLength.start(4, 0.1)
+    assert [cold.next() for _ in range(DraftLength.COLD_PAUSE + 1)] == [0] * DraftLength.COLD_PAUSE + [1]
+
+
 def test_a_low_acceptance_rate_pauses_even_when_some_drafts_are_kept():
     d = DraftLength(4, 4)
     for _ in range(4):  # one of four kept, every time
