@@ -25,6 +25,7 @@ fail costs little over speculation off.
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -73,10 +74,18 @@ class RadixProposer:
     def __init__(self, cache: PrefixCache):
         self.cache = cache
         self.fallback = NgramProposer()
+        # a request whose sequence left the tree stays out until the tree gains tokens: skip the walk
+        self._left: weakref.WeakKeyDictionary[Req, int] = weakref.WeakKeyDictionary()
 
     def propose(self, req: Req, k: int) -> list[int]:
-        draft = self.cache.continuation(req.seq_ids, req.namespace, k)
-        return draft or self.fallback.propose(req, k)
+        size = self.cache.total_tokens
+        if self._left.get(req) != size:
+            draft = self.cache.continuation(req.seq_ids, req.namespace, k)
+            if draft:
+                self._left.pop(req, None)
+                return draft
+            self._left[req] = size
+        return self.fallback.propose(req, k)
 
 
 @dataclass(slots=True)
