@@ -33,6 +33,7 @@ SCRIPTS = [  # (script, arguments, what it measures)
     ("mooncake_e2e.py", [], "Mooncake trace end to end vs the simulator"),
     ("trace_hit_rate.py", [], "Mooncake trace through the cache simulator"),
     ("kv_quant.py", [], "KV-cache formats: capacity, quality, decode speed"),
+    ("speculative.py", [], "speculative decoding off vs ngram, radix and draft proposers"),
     ("model_families.py", [], "MHA/GQA/MQA/MLA KV bytes and decode speed; Gemma 3 270M beside SmolLM2"),
     ("host_tier_replay.py", [], "Mooncake trace with a host tier"),
     ("constrained.py", [], "constrained decoding: mask cost, jump-forward"),
