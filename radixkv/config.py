@@ -6,6 +6,8 @@ Values named "auto" are resolved against the machine by the properties below (`t
 
 from __future__ import annotations
 
+import os
+
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -20,6 +22,10 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 SPECULATIVE_ALGORITHMS = ("ngram", "radix", "draft")
 EVICTION_POLICIES = ("lru", "lfu", "fifo", "reuse", "reuse-cost")
 """The online eviction policies by name (built by `radixkv.mem.eviction.make_policy`)."""
+
+
+COMPILE_DEFAULT = os.environ.get("RADIXKV_COMPILE", "auto")
+"""The `compile` default: $RADIXKV_COMPILE when set (e.g. `off` for short-lived scripts), else auto."""
 
 
 def _opt(default: Any, help: str) -> Any:
@@ -45,9 +51,10 @@ class EngineConfig:
                                   "reference (masked SDPA: slow, the ground truth for debugging)")
     num_threads: int | None = _opt(None, "torch compute threads of the model (default: the cores this "
                                    "process may use, from its CPU affinity)")
-    compile: str = _opt("auto", "compile the model's forward into one graph with torch.compile (inductor): "
-                         "auto (on for one CPU rank, where it was measured to pay), on, or off; compiled "
-                         "graphs are cached under cache_dir, so only a machine's first start compiles")
+    compile: str = _opt(COMPILE_DEFAULT, "compile the model's forward into one graph with torch.compile "
+                         "(inductor): auto (on for one CPU rank, where it was measured to pay), on, or off; "
+                         "compiled graphs are cached under cache_dir, so only a machine's first start "
+                         "compiles; the default comes from $RADIXKV_COMPILE when set")
     tp_size: int = _opt(1, "tensor parallelism: run the model as this many processes (ranks), each "
                         "holding 1/N of the attention heads, KV heads, MLP and vocabulary, joined by "
                         "torch.distributed (gloo on CPU, NCCL on CUDA: one GPU per rank); must divide the "

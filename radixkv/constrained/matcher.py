@@ -46,6 +46,21 @@ class RequestGrammar:
     def accept(self, token: int) -> bool:
         return self.matcher.accept_token(token)
 
+    def rollback(self, n: int) -> None:
+        """Undo the last `n` accepted tokens (speculative drafts, once verified)."""
+        if n:
+            self.matcher.rollback(n)
+
+    def valid_prefix(self, tokens: list[int]) -> int:
+        """How many leading `tokens` the grammar allows in a row from here (nothing accepted)."""
+        n = 0
+        for t in tokens:
+            if self.matcher.is_terminated() or not self.matcher.accept_token(t):
+                break
+            n += 1
+        self.rollback(n)
+        return n
+
     @property
     def terminated(self) -> bool:
         return self.matcher.is_terminated()

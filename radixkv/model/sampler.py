@@ -64,12 +64,13 @@ class Sampler:
 
 
     @torch.inference_mode()
-    def verify(self, logits: torch.Tensor, draft: list[int], row_at) -> list[int]:
+    def verify(self, logits: torch.Tensor, draft: list[int], row_at, mask_at=None) -> list[int]:
         """Check one request's draft tokens against the target's logits; the tokens it keeps.
 
         logits (k + 1, V): row i scores the token after `draft[:i]`; `row_at(i)` is the
         request's `SamplingRow` at that point (its output so far plus `draft[:i]`, for penalties
-        and suppression). Greedy: a draft is kept while it is the target's argmax. Sampling
+        and suppression); `mask_at(i, lg)`, if given, masks lg (1, V) in place to the tokens a
+        grammar allows after `draft[:i]`. Greedy: a draft is kept while it is the target's argmax. Sampling
         (the speculative-sampling rule for a deterministic draft): draft d is kept with the
         target's probability p(d); on a rejection the token is drawn from p with d removed,
         renormalised; so each kept token has the target's distribution. Returns the kept
@@ -83,6 +84,8 @@ class Sampler:
                 lg[0] = apply_penalties(lg[0], row)
             if row.suppress_ids:
                 lg[0, list(row.suppress_ids)] = float("-inf")
+            if mask_at is not None:
+                mask_at(i, lg)
             proposed = draft[i] if i < len(draft) else None
             gen = row.generator or self.generator
             if row.params.greedy or not torch.isfinite(lg).any():

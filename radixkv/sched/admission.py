@@ -86,7 +86,7 @@ class Admission:
             return {}
         asks = []
         for r in reqs:
-            if r.spec is None or r.grammar is not None:
+            if r.spec is None:
                 continue
             k = min(r.spec.next(), r.remaining_new_tokens - 1, self.context_length - r.seq_len - 1)
             if k > 0:
@@ -95,7 +95,14 @@ class Admission:
             drafts = self.proposer.propose_batch(asks)
         else:
             drafts = {r.rid: self.proposer.propose(r, k) for r, k in asks}
-        return {rid: d[:k] for (r, k) in asks if (d := drafts.get(rid := r.rid))}
+        out = {}
+        for r, k in asks:
+            draft = drafts.get(r.rid, [])[:k]
+            if draft and r.grammar is not None:  # a draft the grammar rejects ends there
+                draft = draft[: r.grammar.valid_prefix(draft)]
+            if draft:
+                out[r.rid] = draft
+        return out
 
     def _prefill_rows(self, budget: int, admit: bool) -> list[BatchRow]:
         """Continue chunked prefills, then (if `admit`) admit waiting requests, within `budget`

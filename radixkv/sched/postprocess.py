@@ -75,13 +75,32 @@ class PostProcessor:
             return SamplingRow(req.params, req.generator, base + draft[:i], req.prompt_ids,
                                suppressed_ids(req, self.eos_ids, ahead=i))
 
-        kept = self.sampler.verify(logits, draft, row_at)
+        raw = logits.clone() if req.logprob.return_logprob else None  # before masks edit it
+        grammar, advanced = req.grammar, [0]
+
+        def mask_at(i: int, lg: torch.Tensor) -> None:  # the grammar's state after draft[:i]
+            from radixkv.constrained import allocate_mask, apply_mask
+
+            while advanced[0] < i and grammar.accept(draft[advanced[0]]):  # drafts were cut to what it allows
+                advanced[0] += 1
+            mask = allocate_mask(1, self.vocab_size)
+            grammar.fill_mask(mask, 0)
+            apply_mask(lg, mask, [0])
+
+        kept = self.sampler.verify(logits, draft, row_at, mask_at if grammar is not None else None)
+        if grammar is not None:
+            grammar.rollback(advanced[0])  # `_take` accepts what was kept, as decoding would
         accepted = len(kept) - 1  # drafts the target agreed with
         taken = 0
         for token in kept:
+            before = len(req.output_ids)
             sampled = self._take(req, token)
+            if raw is not None and req.params.max_new_tokens:
+                self._record_output_logprobs([req], raw[taken: taken + 1], [token])
             taken += 1
-            if sampled.finish is not None:
+            # finished, or the grammar forced text after it (jump-forward): what the target scored
+            # after this token no longer follows it
+            if sampled.finish is not None or len(req.output_ids) > before + 1:
                 break
         req.spec.update(len(draft), accepted)
         req.spec_verify_ct += 1

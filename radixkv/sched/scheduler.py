@@ -117,8 +117,7 @@ class Scheduler:
         if req.rid in self.reqs:
             raise InvalidRequestError(f"request id {req.rid!r} is already in use")
         self.validate(req)
-        if self.proposer is not None and not req.logprob.return_logprob and req.params.grammar is None:
-            # constrained and log-prob requests decode one token a step
+        if self.proposer is not None:
             req.spec = DraftLength.start(self.config.speculative_num_draft_tokens, self.stats.spec_recent_rate)
         spec = req.params.grammar
         if spec is not None:

