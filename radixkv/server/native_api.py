@@ -77,23 +77,36 @@ async def tokenize(request: Request):
     """`text` alone (no BOS added), or chat `messages` through the template -> input_ids."""
     manager: TokenizerManager = request.app.state.manager
     body = await parse(request, TokenizeBody)
-    if (body.text is None) == (body.messages is None):
-        raise InvalidRequestError("give exactly one of text or messages")
-    if body.text is not None:
-        return {"input_ids": manager.tokenizer.encode_segment(body.text)}
-    messages = [m.template_message() for m in body.messages]
-    return {"input_ids": manager.tokenizer.apply_chat_template(messages, body.add_generation_prompt)}
+    given = [name for name in ("text", "prompt", "messages") if getattr(body, name) is not None]
+    if len(given) != 1:
+        raise InvalidRequestError("give exactly one of text, prompt (vLLM's name for it) or messages")
+    if body.messages is not None:
+        ids = manager.tokenizer.apply_chat_template([m.template_message() for m in body.messages],
+                                                    body.add_generation_prompt)
+    elif body.text is not None and not body.add_special_tokens:
+        ids = manager.tokenizer.encode_segment(body.text)
+    else:  # vLLM's prompt: special tokens added unless add_special_tokens is false
+        text = body.text if body.text is not None else body.prompt
+        ids = (manager.tokenizer.encode_segment(text) if body.add_special_tokens is False
+               else manager.tokenizer.hf(text, add_special_tokens=True).input_ids)
+    # ours, and vLLM's keys beside it
+    return {"input_ids": ids, "tokens": ids, "count": len(ids), "max_model_len": manager.limits.context_length}
 
 
 @router.post("/detokenize", openapi_extra=request_body(DetokenizeBody))
 async def detokenize(request: Request):
     manager: TokenizerManager = request.app.state.manager
     body = await parse(request, DetokenizeBody)
+    if (body.input_ids is None) == (body.tokens is None):
+        raise InvalidRequestError("give exactly one of input_ids or tokens (vLLM's name for it)")
+    ids = body.input_ids if body.input_ids is not None else body.tokens
+    field = "input_ids" if body.input_ids is not None else "tokens"
     vocab = manager.limits.vocab_size
-    bad = [t for t in body.input_ids if not 0 <= t < vocab]
+    bad = [t for t in ids if not 0 <= t < vocab]
     if bad:
-        raise InvalidRequestError(f"input_ids holds {bad[:3]}: not token ids in [0, {vocab})")
-    return {"text": manager.tokenizer.decode(body.input_ids, body.skip_special_tokens)}
+        raise InvalidRequestError(f"{field} holds {bad[:3]}: not token ids in [0, {vocab})")
+    text = manager.tokenizer.decode(ids, body.skip_special_tokens)
+    return {"text": text, "prompt": text}  # ours, and vLLM's key
 
 
 @router.post("/abort_request", openapi_extra=request_body(AbortBody))

@@ -37,8 +37,12 @@ class AbortBody(Strict):
 
 
 class DetokenizeBody(Strict):
-    input_ids: list[int]
+    """POST /detokenize: `input_ids` (vLLM's shape: `tokens`, with `model`) -> text."""
+
+    input_ids: list[int] | None = None
+    tokens: list[int] | None = None  # vLLM's name for input_ids
     skip_special_tokens: bool = False
+    model: str | None = None
 
 
 class StreamOptions(Strict):
@@ -67,11 +71,16 @@ class ChatMessage(Strict):
 
 
 class TokenizeBody(Strict):
-    """POST /tokenize: `text` alone (no BOS added), or `messages` through the chat template."""
+    """POST /tokenize: `text` alone (no BOS added), or `messages` through the chat template.
+    vLLM's shape is taken too: `prompt` for `text`, with `model` and `add_special_tokens`
+    (true: the tokenizer's special tokens, a BOS, are added as vLLM adds them)."""
 
     text: str | None = None
+    prompt: str | None = None  # vLLM's name for text
     messages: list[ChatMessage] | None = None
     add_generation_prompt: bool = True
+    model: str | None = None  # vLLM: the served model's name (one model here: informational)
+    add_special_tokens: bool | None = None  # vLLM: default true for a prompt
 
 
 class SamplingFields(Strict):

@@ -107,3 +107,20 @@ def test_tokenize_and_detokenize(server, default_engine):
         chat = c.post("/tokenize", json={"messages": [{"role": "user", "content": "Hi"}]}).json()["input_ids"]
         assert chat == default_engine.tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}])
         assert c.post("/detokenize", json={"input_ids": [10**7]}).status_code == 400
+
+
+def test_tokenize_and_detokenize_in_vllms_shape(server, default_engine):
+    """vLLM's clients (`vllm bench serve`) send {"model", "prompt"} and read "tokens", "count"
+    and "max_model_len"; /detokenize takes "tokens" and answers "prompt"."""
+    hf = default_engine.scheduler.tokenizer.hf
+    with server.client() as c:
+        got = c.post("/tokenize", json={"model": "default", "prompt": "Hello there"}).json()
+        assert got["tokens"] == hf("Hello there", add_special_tokens=True).input_ids == got["input_ids"]
+        assert got["count"] == len(got["tokens"]) and got["max_model_len"] > 1000
+        plain = c.post("/tokenize", json={"prompt": "Hello there", "add_special_tokens": False}).json()["tokens"]
+        assert plain == default_engine.tokenizer.encode_segment("Hello there")
+        back = c.post("/detokenize", json={"model": "default", "tokens": plain}).json()
+        assert back["prompt"] == back["text"] == "Hello there"
+        both = c.post("/tokenize", json={"prompt": "a", "text": "b"})
+        assert both.status_code == 400 and "exactly one of text, prompt" in both.text
+        assert c.post("/detokenize", json={"tokens": [10**7]}).status_code == 400
