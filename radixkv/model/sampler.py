@@ -45,10 +45,7 @@ class Sampler:
         assert logits.shape[0] == len(rows), "one SamplingRow per logits row"
         logits = logits.float()
         for i, row in enumerate(rows):
-            if row.params.has_penalties:
-                logits[i] = apply_penalties(logits[i], row)
-            if row.suppress_ids:
-                logits[i, list(row.suppress_ids)] = float("-inf")
+            edit_row(logits, i, row)
         best = logits.argmax(dim=-1)  # (B,) greedy for everyone; sampled rows overwrite
         # a row with no allowed token cannot be sampled (it would be NaN): it keeps the argmax,
         # which its caller rejects, and the batch goes on
@@ -80,10 +77,7 @@ class Sampler:
         for i in range(len(draft) + 1):
             row = row_at(i)
             lg = logits[i: i + 1].float().clone()  # (1, V)
-            if row.params.has_penalties:
-                lg[0] = apply_penalties(lg[0], row)
-            if row.suppress_ids:
-                lg[0, list(row.suppress_ids)] = float("-inf")
+            edit_row(lg, 0, row)
             if mask_at is not None:
                 mask_at(i, lg)
             proposed = draft[i] if i < len(draft) else None
@@ -106,6 +100,14 @@ class Sampler:
             if token != proposed:
                 break
         return out
+
+
+def edit_row(logits: torch.Tensor, i: int, row: SamplingRow) -> None:
+    """Apply `row`'s penalties and suppressed tokens to logits[i] (V,), in place."""
+    if row.params.has_penalties:
+        logits[i] = apply_penalties(logits[i], row)
+    if row.suppress_ids:
+        logits[i, list(row.suppress_ids)] = float("-inf")
 
 
 def filtered_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
