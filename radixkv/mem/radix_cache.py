@@ -27,6 +27,10 @@ so it matches once per request per step unless admission had to evict.
 Tiers. `radixkv.mem.tiered_cache.HostTieredCache` is this tree with a host tier below it; it
 overrides the hooks marked "tier hook" and nothing here knows about it.
 
+Events. With `events` set (a `radixkv.mem.cache_events.CacheEventLog`), every change to which
+pages the tree holds is recorded there: a new leaf's pages stored, evicted pages removed, a
+reset cleared (`--kv-events-config`). Splits change no page, so they record nothing.
+
 Invariants (`radixkv.mem.cache_checks`, via `check_invariants`):
   free_pages + evictable_pages + protected_pages + inflight_pages == num_pages
 where inflight pages are held by running requests and not by the tree; each tree page appears
@@ -46,6 +50,7 @@ from radixkv.errors import CacheInvariantError
 from radixkv.mem.allocator import PageAllocator
 from radixkv.mem.cache_checks import check_tree
 from radixkv.mem.base import InsertResult, MatchResult, Namespace, PrefixCache
+from radixkv.mem.cache_events import GPU, CacheEventLog
 from radixkv.mem.eviction import EvictionPolicy, make_policy
 from radixkv.mem.tree_node import TreeNode
 
@@ -60,6 +65,7 @@ class RadixCache(PrefixCache):
         self.allocator = allocator
         self.page_size = allocator.page_size
         self.policy = make_policy(eviction_policy, attention_scale)
+        self.events: CacheEventLog | None = None  # records page changes for KV events, when set
         self.reset_stats()
         self._init_tree()
 
@@ -220,6 +226,8 @@ class RadixCache(PrefixCache):
                 self.epoch += 1  # keys through here now match further
                 self.policy.on_access(leaf, now, False)
                 self._attach(node, ck, leaf)
+                if self.events is not None:
+                    self.events.stored(leaf, GPU)
                 self._on_new_leaf(leaf)
                 path_pages.extend(new_pages)
                 return InsertResult(pos, MatchResult(path_pages, len(key), leaf, key=key, namespace=namespace,
@@ -260,6 +268,8 @@ class RadixCache(PrefixCache):
         upper.hit_count = child.hit_count
         upper.created = child.created
         upper.child_key = child.child_key
+        if child.page_hashes is not None:
+            upper.page_hashes, child.page_hashes = child.page_hashes[: n // size], child.page_hashes[n // size :]
         parent.children[upper.child_key] = upper
         child.key = child.key[n:]
         child.pages = child.pages[n // size :]
@@ -361,6 +371,10 @@ class RadixCache(PrefixCache):
             self._delete_leaf(node)
 
     def _trim_leaf(self, node: TreeNode, keep: int) -> None:
+        if self.events is not None:
+            self.events.removed(node, GPU, keep // self.page_size)
+        if node.page_hashes is not None:
+            node.page_hashes = node.page_hashes[: keep // self.page_size]
         dropped = node.pages[keep // self.page_size :]
         node.key = node.key[:keep]
         node.pages = node.pages[: keep // self.page_size]
@@ -369,6 +383,8 @@ class RadixCache(PrefixCache):
         self._add_candidate(node)
 
     def _delete_leaf(self, node: TreeNode) -> None:
+        if self.events is not None:
+            self.events.removed(node, GPU)
         parent = node.parent
         del parent.children[node.child_key]
         self._evictable_tokens -= len(node.key)
@@ -390,6 +406,8 @@ class RadixCache(PrefixCache):
             self.allocator.decref(node.pages)
             self._release_node(node)
         self._init_tree()
+        if self.events is not None:
+            self.events.cleared()
 
     # -- inspection ----------------------------------------------------------------------------
     def nodes(self) -> Iterator[TreeNode]:

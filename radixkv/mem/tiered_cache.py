@@ -11,6 +11,10 @@ host-only leaves: when it is full, the least recently used ones leave the tree f
 
 The `HostTier` decides *where* bytes go (`radixkv.mem.host_tier`); this class decides *what*
 moves. Invariants beyond the tree's: `radixkv.mem.cache_checks.check_host_tier`.
+
+Events (when `events` is set): a host copy is a store on the `CPU` medium, a host page let go a
+removal there; a device page copied back is a store on `GPU`. A device eviction records its
+host store before its device removal, so a subscriber never sees the page held nowhere.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from sortedcontainers import SortedList
 from radixkv.mem.allocator import PageAllocator
 from radixkv.mem.base import MatchResult, Namespace
 from radixkv.mem.cache_checks import check_host_tier, check_tree
+from radixkv.mem.cache_events import CPU, GPU
 from radixkv.mem.eviction import EvictionPolicy
 from radixkv.mem.host_tier import HostTier
 from radixkv.mem.radix_cache import RadixCache
@@ -136,6 +141,8 @@ class HostTieredCache(RadixCache):
     def _on_new_leaf(self, leaf: TieredNode) -> None:
         if self.host.write_through:
             leaf.host_pages = self._host_save(leaf.pages)
+            if leaf.host_pages is not None and self.events is not None:
+                self.events.stored(leaf, CPU)
 
     def _adopt(self, node: TieredNode, pages: list[int]) -> None:
         self.allocator.incref(pages)
@@ -164,10 +171,14 @@ class HostTieredCache(RadixCache):
             self._split(node, keep)  # `node` is now the tail below a device-resident upper part
         if node.host_pages is None:
             node.host_pages = self._host_save(node.pages)
+            if node.host_pages is not None and self.events is not None:
+                self.events.stored(node, CPU)
         if node.host_pages is None:  # no room one tier down: forget the tail and what hangs below
             self._drop_host_subtree(node)
             self._delete_leaf(node)
             return
+        if self.events is not None:
+            self.events.removed(node, GPU)
         self._evictable_tokens -= len(node.key)
         self.allocator.decref(node.pages)
         node.pages = []
@@ -178,6 +189,7 @@ class HostTieredCache(RadixCache):
             self._add_candidate(parent)
 
     def _release_node(self, node: TieredNode) -> None:
+        # (no event: a device leaf is deleted only without a host copy, and a reset clears all)
         if node.host_pages is not None:
             self.host.allocator.decref(node.host_pages)
 
@@ -190,6 +202,8 @@ class HostTieredCache(RadixCache):
         assert not node.on_device and (node.parent.on_device or node.parent is self.root)
         self.epoch += 1  # what peeks saw on the host is on the device now
         node.pages = pages
+        if self.events is not None:
+            self.events.stored(node, GPU)
         if node.host_candidate is not None:
             self._drop_host_candidate(node)
         parent = node.parent
@@ -226,6 +240,8 @@ class HostTieredCache(RadixCache):
         self.epoch += 1
         parent = node.parent
         del parent.children[node.child_key]
+        if self.events is not None:
+            self.events.removed(node, CPU)
         self.host.allocator.decref(node.host_pages)
         self.stats_host_evicted_tokens += len(node.key)
         if node.host_candidate is not None:

@@ -19,7 +19,7 @@ class TreeNode:
     """One edge of the radix tree (see the module docstring)."""
 
     __slots__ = ("id", "key", "pages", "parent", "children", "child_key", "lock_ref", "last_access",
-                 "hit_count", "created", "depth", "candidate", "meta")
+                 "hit_count", "created", "depth", "candidate", "meta", "page_hashes")
 
     def __init__(self, key: tuple, pages: list[int], parent: TreeNode | None, now: int):
         self.id = next(_node_ids)
@@ -35,6 +35,7 @@ class TreeNode:
         self.depth = 0 if parent is None else parent.depth + len(parent.key)  # tokens above the edge
         self.candidate: tuple | None = None  # entry in the eviction candidate set, if any
         self.meta: Any = None  # free for an eviction policy's own per-node state
+        self.page_hashes: list[int] | None = None  # one chained hash per page, set once KV events need it
 
     @property
     def on_device(self) -> bool:

@@ -6,6 +6,7 @@ to the scheduler through one loop body, run by one thread at a time:
     apply every command in the inbox: add a request, abort one, or call a function on the
         scheduler (flush the cache, read stats)
     if there is work: step once and hand every output to `deliver`
+    publish the iteration's KV cache events, if the scheduler publishes them
 
 The scheduler process runs it forever (`run`), blocking on its ZMQ socket while idle. The
 Engine runs it one iteration at a time (`run_once`) on whichever calling thread is waiting for
@@ -102,6 +103,7 @@ class SchedulerLoop:
             if isinstance(command, Stop):
                 raise RuntimeError("Stop must go through run_once")
             self.apply(command)
+        self.scheduler.publish_kv_events()
 
     def run_once(self, inbox: Inbox, block: bool = False) -> bool | None:
         """One iteration: apply the inbox's commands (waiting for one if `block` and idle), then
@@ -110,12 +112,14 @@ class SchedulerLoop:
         for command in commands:
             if isinstance(command, Stop):
                 self.abort_all("the runtime is shutting down")
+                self.scheduler.publish_kv_events()
                 return None
             self.apply(command)
-        if self.scheduler.has_work:
+        stepped = self.scheduler.has_work
+        if stepped:
             self.deliver(self.scheduler.step())
-            return True
-        return bool(commands)
+        self.scheduler.publish_kv_events()  # what the commands and the step changed, one batch
+        return stepped or bool(commands)
 
     def apply(self, command: Command) -> None:
         s = self.scheduler

@@ -11,6 +11,7 @@ One request's life, top to bottom (each step's details live in their own module)
                   cache    each extend's computed prompt goes into the tree; a finished
                            request's prompt + output too, then its lock, pages and row go back
                   emit     one output per request that produced something    (ReqOutput)
+  publish_kv_events -> the tree's page changes of the step, one batch (--kv-events-config)
 Under memory pressure admission evicts, decode evicts then retracts running requests (their
 KV goes into the tree, they re-queue at the front); nothing fails for lack of pages alone.
 """
@@ -20,13 +21,14 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from radixkv.config import EngineConfig
 from radixkv.constrained import Compiled, Refused
 from radixkv.errors import ErrorKind, InvalidRequestError
 from radixkv.grammar_spec import GrammarSpec
 from radixkv.mem import KVMemory, make_prefix_cache
+from radixkv.mem.cache_events import CacheEventLog
 from radixkv.model.runner import ModelRunner
 from radixkv.model.sampler import Sampler
 from radixkv.outputs import ReqOutput
@@ -42,6 +44,9 @@ from radixkv.sched.stop import Decoder
 from radixkv.sched.timeline import open_timeline
 from radixkv.tp.launch import load_runner
 from radixkv.validation import RequestLimits, check_request
+
+if TYPE_CHECKING:
+    from radixkv.sched.kv_events import KVEventPublisher
 
 logger = logging.getLogger(__name__)
 GRAMMAR_WAIT_SECONDS = 0.005  # an idle step with grammars compiling waits this long for them
@@ -80,6 +85,7 @@ class Scheduler:
                                   decoder, runner.model_config.vocab_size, self.stats)
         self._grammars = None  # GrammarService, started by the first constrained request
         self.timeline = open_timeline(config.timeline_file)
+        self.kv_events = self._kv_event_publisher(config)
 
     def _proposer(self, config: EngineConfig):
         """The draft proposer `speculative_algorithm` names, or None (speculation off)."""
@@ -91,6 +97,17 @@ class Scheduler:
 
             return DraftModelProposer.load(config, self.runner)
         return make_proposer(name, self.cache)
+
+    def _kv_event_publisher(self, config: EngineConfig) -> KVEventPublisher | None:
+        """The KV event publisher `kv_events_config` asks for, with the cache recording for it;
+        None when off (the cache then records nothing)."""
+        if not config.kv_events.enabled:
+            return None
+        from radixkv.sched.kv_events import KVEventPublisher
+
+        publisher = KVEventPublisher(config.kv_events, self.page_size)
+        self.cache.events = CacheEventLog(self.page_size)
+        return publisher
 
     @classmethod
     def load(cls, config: EngineConfig, progress: bool = True) -> Scheduler:
@@ -284,6 +301,14 @@ class Scheduler:
             self.timeline.finished(req)
 
     # -- cache control, checks and stats ---------------------------------------------------------
+    def publish_kv_events(self) -> None:
+        """Hand the cache's page changes since the last call to the KV event publisher, as one
+        batch (the loop calls this once per iteration; nothing when publishing is off)."""
+        if self.kv_events is not None:
+            events = self.cache.events.take()
+            if events:
+                self.kv_events.publish(events)
+
     def flush_cache(self) -> bool:
         """Drop every cached prefix; refused (False) while requests are queued or running."""
         if self.has_work:
@@ -300,7 +325,8 @@ class Scheduler:
         return self.stats.to_dict() | {
             "waiting_requests": len(self.waiting) + sum(map(len, self.grammar_waiting.values())),
             "running_requests": len(self.running),
-        } | self.kv.stats() | self._host_stats() | self.runner.parallel_stats() | self.runner.compile_stats() | self.runner.moe_stats()
+        } | self.kv.stats() | self._host_stats() | self.runner.parallel_stats() | self.runner.compile_stats() | self.runner.moe_stats() | (
+            self.kv_events.stats() if self.kv_events is not None else {})
 
     def _host_stats(self) -> dict[str, Any]:
         host = self.memory.host
@@ -312,7 +338,11 @@ class Scheduler:
                 "host_evicted_tokens": self.cache.stats_host_evicted_tokens}
 
     def close(self) -> None:
-        """Stop the grammar compiler and the other tensor-parallel ranks, if any."""
+        """Stop the grammar compiler, the KV event publisher (after its last batch) and the other
+        tensor-parallel ranks, if any."""
+        if self.kv_events is not None:
+            self.publish_kv_events()
+            self.kv_events.close()
         if self._grammars is not None:
             self._grammars.close()
         if self.timeline is not None:

@@ -1,0 +1,239 @@
+"""KV cache events: what the prefix cache reports about the pages it holds, per tier.
+
+KV-aware routers (NVIDIA Dynamo, llm-d, SGLang's gateway) follow each worker's cache through a
+stream of three events, in the shape SGLang and vLLM publish (`radixkv.sched.kv_events` puts
+them on the wire):
+
+    PagesStored(hashes, parent, token_ids, medium)   pages now held on `medium`
+    PagesRemoved(hashes, medium)                     pages no longer held there
+    AllPagesCleared()                                nothing is held anywhere
+
+Pages are named by a **hash chain**: a page's hash is computed from its parent page's hash
+and its own token ids, so equal prefixes get equal hashes on every worker and every start, and
+a hash names its whole prefix. The chain of a namespace (LoRA id, cache salt) starts from a
+root derived from the namespace, so equal tokens under different namespaces never share a
+hash; the default namespace starts from zero. Hashes are 63-bit, so the same number reads as
+a signed (SGLang) or unsigned (vLLM) 64-bit integer.
+
+Mediums: `GPU` for the device KV pool (the name both references use, whatever the device),
+`CPU` for the host tier. A page may be held on both at once (a write-through copy, or a host
+copy loaded back); each medium is stored and removed on its own.
+
+The cache calls a `CacheEventLog` (its `events` attribute; None costs one check per change)
+and the scheduler takes the step's events once per step. `PageLedger` is the subscriber's
+side: it applies events and says which pages are held, and how to announce them all again.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from hashlib import blake2b
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from radixkv.mem.tree_node import TreeNode
+
+GPU = "GPU"
+"""The device KV pool's medium."""
+CPU = "CPU"
+"""The host tier's medium."""
+
+_NAMESPACE_TAG = b"radixkv-kv-event-namespace-v1\x00"
+
+
+@dataclass(slots=True)
+class PagesStored:
+    """`hashes[i]` names the page of `token_ids[i * page_size:(i + 1) * page_size]`; each page's
+    parent is the page before it, and the first one's is `parent` (None: a namespace's root)."""
+
+    hashes: list[int]
+    parent: int | None
+    token_ids: list[int]
+    medium: str
+
+
+@dataclass(slots=True)
+class PagesRemoved:
+    hashes: list[int]
+    medium: str
+
+
+@dataclass(slots=True)
+class AllPagesCleared:
+    pass
+
+
+CacheEvent = PagesStored | PagesRemoved | AllPagesCleared
+
+
+# -- the hash chain -------------------------------------------------------------------------------
+def namespace_root(namespace: Any) -> int:
+    """The value the chain of `namespace` starts from (0 for the default namespace, None)."""
+    if namespace is None:
+        return 0
+    if isinstance(namespace, str):
+        data = b"s" + namespace.encode()
+    elif isinstance(namespace, int) and not isinstance(namespace, bool):
+        data = b"i" + str(namespace).encode()
+    else:  # tuples of strings and numbers print the same in every process
+        data = b"r" + repr(namespace).encode()
+    return _hash63(_NAMESPACE_TAG + data)
+
+
+def chain_hashes(parent: int, token_ids: Iterable[int], page_size: int) -> list[int]:
+    """One hash per page of `token_ids` (a whole number of pages), continuing the chain from
+    `parent` (a page's hash, or a namespace's root): H(parent, the page's tokens) each."""
+    tokens = list(token_ids)
+    out = []
+    pack = struct.Struct(f"<Q{page_size}q").pack
+    for start in range(0, len(tokens), page_size):
+        parent = _hash63(pack(parent, *tokens[start:start + page_size]))
+        out.append(parent)
+    return out
+
+
+def _hash63(data: bytes) -> int:
+    return int.from_bytes(blake2b(data, digest_size=8).digest(), "big") >> 1
+
+
+def node_hashes(node: TreeNode, page_size: int) -> list[int]:
+    """The page hashes of `node`'s edge (kept on the node: splits and trims slice them)."""
+    if node.page_hashes is None:
+        path = []  # from `node` up to the first ancestor whose hashes are known, or the root
+        while node.page_hashes is None and node.parent is not None:
+            path.append(node)
+            node = node.parent
+        for child in reversed(path):
+            parent = child.parent
+            start = parent.page_hashes[-1] if parent.parent is not None else namespace_root(child.child_key[0])
+            child.page_hashes = chain_hashes(start, child.key, page_size)
+        node = path[0]
+    return node.page_hashes
+
+
+def parent_hash(node: TreeNode, page_size: int) -> int | None:
+    """The hash of the page before `node`'s first page (None under the root)."""
+    parent = node.parent
+    return None if parent.parent is None else node_hashes(parent, page_size)[-1]
+
+
+# -- recording ------------------------------------------------------------------------------------
+@dataclass
+class CacheEventLog:
+    """The events a cache recorded since the last `take`, merged where the wire allows: stores
+    that continue the previous store's chain on the same medium, and removals on one medium."""
+
+    page_size: int
+    _events: list[CacheEvent] = field(default_factory=list, init=False, repr=False)
+
+    def stored(self, node: TreeNode, medium: str) -> None:
+        """`node`'s pages are now held on `medium`."""
+        hashes = node_hashes(node, self.page_size)
+        parent = parent_hash(node, self.page_size)
+        tail = self._events[-1] if self._events else None
+        if isinstance(tail, PagesStored) and tail.medium == medium and tail.hashes[-1] == parent:
+            tail.hashes.extend(hashes)
+            tail.token_ids.extend(node.key)
+        else:
+            self._events.append(PagesStored(list(hashes), parent, list(node.key), medium))
+
+    def removed(self, node: TreeNode, medium: str, first_page: int = 0) -> None:
+        """`node`'s pages from `first_page` on are no longer held on `medium`."""
+        hashes = node_hashes(node, self.page_size)[first_page:]
+        tail = self._events[-1] if self._events else None
+        if isinstance(tail, PagesRemoved) and tail.medium == medium:
+            tail.hashes.extend(hashes)
+        elif hashes:
+            self._events.append(PagesRemoved(list(hashes), medium))
+
+    def cleared(self) -> None:
+        self._events = [AllPagesCleared()]  # what came before it no longer matters
+
+    def take(self) -> list[CacheEvent]:
+        """The events since the last call, oldest first."""
+        events, self._events = self._events, []
+        return events
+
+
+def tree_events(cache: Any) -> list[CacheEvent]:
+    """What `cache` (a `RadixCache` or `HostTieredCache`) holds now, as events from an empty
+    start: a clear, then every device page, then every host page, parents before children."""
+    log = CacheEventLog(cache.page_size)
+    log.cleared()
+    for node in cache.nodes():
+        if node.on_device:
+            log.stored(node, GPU)
+    for node in cache.nodes():
+        if getattr(node, "host_pages", None) is not None:
+            log.stored(node, CPU)
+    return log.take()
+
+
+# -- the subscriber's side ------------------------------------------------------------------------
+@dataclass(slots=True)
+class LedgerPage:
+    parent: int | None
+    token_ids: tuple[int, ...]
+    mediums: set[str]
+
+
+class PageLedger:
+    """The pages a stream of events says are held: `apply` each event in order.
+
+    The publisher keeps one to answer a late subscriber with the whole tree (`events`); tests
+    rebuild a cache's tree with one and compare."""
+
+    def __init__(self, page_size: int):
+        self.page_size = page_size
+        self.pages: dict[int, LedgerPage] = {}  # by hash; a page before its children (see `events`)
+
+    def apply(self, event: CacheEvent) -> None:
+        if isinstance(event, PagesStored):
+            parent, size = event.parent, self.page_size
+            for i, h in enumerate(event.hashes):
+                page = self.pages.get(h)
+                if page is None:
+                    tokens = tuple(event.token_ids[i * size:(i + 1) * size])
+                    page = self.pages[h] = LedgerPage(parent, tokens, set())
+                page.mediums.add(event.medium)
+                parent = h
+        elif isinstance(event, PagesRemoved):
+            for h in event.hashes:
+                page = self.pages.get(h)
+                if page is not None:
+                    page.mediums.discard(event.medium)
+                    if not page.mediums:
+                        del self.pages[h]
+        else:
+            self.pages.clear()
+
+    def apply_all(self, events: Iterable[CacheEvent]) -> PageLedger:
+        for event in events:
+            self.apply(event)
+        return self
+
+    def held(self) -> dict[int, tuple[int | None, tuple[int, ...], frozenset[str]]]:
+        """hash -> (parent hash, token ids, mediums): the tree as a subscriber sees it."""
+        return {h: (p.parent, p.token_ids, frozenset(p.mediums)) for h, p in self.pages.items()}
+
+    def events(self) -> list[CacheEvent]:
+        """Every held page as events from an empty start (a clear first), device pages before
+        host pages and each page after its parent, so a subscriber can rebuild the tree.
+
+        A page is present only while its parent is (a child leaves the tree first, and a page
+        that comes back has no child yet), so insertion order puts parents first."""
+        out: list[CacheEvent] = [AllPagesCleared()]
+        for medium in (GPU, CPU):
+            for h, page in self._held_on(medium):
+                tail = out[-1]
+                if isinstance(tail, PagesStored) and tail.medium == medium and tail.hashes[-1] == page.parent:
+                    tail.hashes.append(h)
+                    tail.token_ids.extend(page.token_ids)
+                else:
+                    out.append(PagesStored([h], page.parent, list(page.token_ids), medium))
+        return out
+
+    def _held_on(self, medium: str) -> Iterator[tuple[int, LedgerPage]]:
+        return ((h, p) for h, p in self.pages.items() if medium in p.mediums)
