@@ -117,7 +117,9 @@ class Engine:
         if not single:
             raise InvalidRequestError("generate_stream takes a single prompt")
         req = reqs[0]
-        text = TextStream(self.tokenizer, req.params.skip_special_tokens, req.params.stop)
+        p = req.params
+        text = TextStream(self.tokenizer, p.skip_special_tokens, p.stop, not p.no_stop_trim,
+                          p.spaces_between_special_tokens)
         return self._stream(req, text)
 
     def _stream(self, req: Req, text: TextStream) -> Iterator[dict[str, Any]]:
@@ -349,6 +351,7 @@ class Engine:
 
     def _result(self, req: Req, collected: Collected, out: ReqOutput) -> dict[str, Any]:
         ids = collected.ids
-        text = self.tokenizer.decode(ids, req.params.skip_special_tokens) if self.tokenizer else ""
-        return {"text": trim_stop_string(text, out.finish_reason), "output_ids": ids,
+        p = req.params
+        text = self.tokenizer.decode(ids, p.skip_special_tokens, p.spaces_between_special_tokens) if self.tokenizer else ""
+        return {"text": text if p.no_stop_trim else trim_stop_string(text, out.finish_reason), "output_ids": ids,
                 "meta_info": out.meta_info() | collected.logprob_meta(*astuple(req.logprob))}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -10,6 +11,9 @@ from radixkv.errors import InvalidRequestError
 MAX_NEW_TOKENS_LIMIT = 1 << 20
 GREEDY_TEMPERATURE = 1e-5
 MAX_TOP_LOGPROBS = 20
+MAX_STOP_REGEX_CHARS = 4096
+ALIASES = {"sampling_seed": "seed"}  # SGLang's names for ours
+HINTS = ("stream_interval",)  # SGLang's: how often a stream sends (here: every step's tokens); no effect on output
 SEED_MIN, SEED_MAX = -(1 << 63), (1 << 64) - 1  # what a torch generator takes
 
 
@@ -48,6 +52,9 @@ class SamplingParams:
     presence_penalty: float = 0.0
     repetition_penalty: float = 1.0
     skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True  # passed to the tokenizer's decode (fast tokenizers ignore it)
+    no_stop_trim: bool = False  # keep the stop string that ended generation in the text
+    stop_regex: tuple[str, ...] = ()  # stop once the output text matches one of these patterns
     regex: str | None = None
     json_schema: str | None = None
     ebnf: str | None = None
@@ -58,7 +65,7 @@ class SamplingParams:
         def bad(name: str, why: str) -> InvalidRequestError:
             return InvalidRequestError(f"sampling_params.{name}={shown(getattr(self, name))}: {why}")
 
-        for name in ("stop", "stop_token_ids"):
+        for name in ("stop", "stop_token_ids", "stop_regex"):
             if not isinstance(getattr(self, name), (tuple, list)):
                 raise bad(name, "must be a list")
         for name in ("max_new_tokens", "min_new_tokens", "top_k"):
@@ -91,7 +98,24 @@ class SamplingParams:
             raise bad("stop", "must be non-empty strings")
         if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in self.stop_token_ids):
             raise bad("stop_token_ids", "must be non-negative integers")
+        for name in ("skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim", "ignore_eos"):
+            if not isinstance(getattr(self, name), bool):
+                raise bad(name, "must be true or false")
+        self._check_stop_regex(bad)
         self._check_grammar(bad)
+
+    def _check_stop_regex(self, bad) -> None:
+        if not all(isinstance(s, str) and s for s in self.stop_regex):
+            raise bad("stop_regex", "must be non-empty strings")
+        if sum(map(len, self.stop_regex)) > MAX_STOP_REGEX_CHARS:
+            raise bad("stop_regex", f"more than {MAX_STOP_REGEX_CHARS} characters of patterns")
+        for pattern in self.stop_regex:
+            try:
+                compiled = re.compile(pattern)
+            except (re.error, RecursionError, OverflowError) as e:
+                raise bad("stop_regex", f"{shown(pattern)} is not a regular expression: {e}") from None
+            if compiled.search(""):
+                raise bad("stop_regex", f"{shown(pattern)} matches the empty text: it would stop at once")
 
     def _check_grammar(self, bad) -> None:
         from radixkv.grammar_spec import GRAMMAR_FIELDS, MAX_GRAMMAR_CHARS, GrammarSpec, normalise_json_schema
@@ -139,19 +163,27 @@ class SamplingParams:
             return params
         if not isinstance(params, dict):
             raise InvalidRequestError(f"sampling_params must be a dict, got {type(params).__name__}")
+        params = dict(params)
+        for theirs, ours in ALIASES.items():
+            if theirs in params:
+                if params.get(ours) is not None and params[theirs] is not None:
+                    raise InvalidRequestError(f"sampling_params: give {ours} or {theirs} (its alias), not both")
+                value = params.pop(theirs)
+                params.setdefault(ours, value)
+        for name in HINTS:
+            params.pop(name, None)
         known = {f.name for f in fields(cls)} - {"extra"}
         unknown = sorted(set(params) - known)
         if unknown:
             raise InvalidRequestError(
                 f"unknown sampling_params {unknown}; accepted: {sorted(known)}"
             )
-        params = dict(params)
-        if isinstance(params.get("stop"), str):
-            params["stop"] = [params["stop"]]
-        for name in ("stop", "stop_token_ids"):
-            if params.get(name) is None:
-                params.pop(name, None)
-            elif isinstance(params[name], list):
+        params = {k: v for k, v in params.items() if v is not None}  # null: the default (SGLang's reading)
+        for name in ("stop", "stop_regex"):
+            if isinstance(params.get(name), str):
+                params[name] = [params[name]]
+        for name in ("stop", "stop_token_ids", "stop_regex"):
+            if isinstance(params.get(name), list):
                 params[name] = tuple(params[name])
         try:
             made = cls(**params)
@@ -174,7 +206,7 @@ class SamplingParams:
     @classmethod
     def from_row(cls, row: list) -> SamplingParams:
         values = dict(zip((f.name for f in fields(cls)), row, strict=True))
-        for name in ("stop", "stop_token_ids"):  # lists on the wire
+        for name in ("stop", "stop_token_ids", "stop_regex"):  # lists on the wire
             values[name] = tuple(values[name])
         return cls(**values)
 

@@ -7,6 +7,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from jinja2 import TemplateError
+
 from radixkv.errors import InvalidRequestError, ModelLoadError
 
 logger = logging.getLogger(__name__)
@@ -48,8 +50,10 @@ class Tokenizer:
             raise InvalidRequestError(f"prompt must be a string, got {type(text).__name__}")
         return self.hf.encode(text, add_special_tokens=True)
 
-    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
-        return self.hf.decode(ids, skip_special_tokens=skip_special_tokens)
+    def decode(self, ids: list[int], skip_special_tokens: bool = True, spaces_between_special_tokens: bool = True) -> str:
+        if spaces_between_special_tokens:  # the default: no keyword, as every tokenizer takes it
+            return self.hf.decode(ids, skip_special_tokens=skip_special_tokens)
+        return self.hf.decode(ids, skip_special_tokens=skip_special_tokens, spaces_between_special_tokens=False)
 
     def encode_segment(self, text: str) -> list[int]:
         """Token ids of `text` alone, no BOS added (special tokens written in it are parsed)."""
@@ -64,8 +68,14 @@ class Tokenizer:
         return derive_chat_roles(lambda m, gen: self.hf.apply_chat_template(
             m, tokenize=False, add_generation_prompt=gen))
 
-    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> list[int]:
-        """Token ids of a conversation rendered by the model's chat template."""
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                            continue_final_message: bool = False,
+                            template_kwargs: dict[str, Any] | None = None) -> list[int]:
+        """Token ids of a conversation rendered by the model's chat template.
+
+        `continue_final_message`: the last message (an assistant's) is left open, so generation
+        continues its text instead of starting a new turn. `template_kwargs` are the template's
+        own variables (e.g. Qwen3's `enable_thinking`)."""
         if not isinstance(messages, list) or not messages:
             raise InvalidRequestError("messages must be a non-empty list of {role, content} objects")
         for i, m in enumerate(messages):
@@ -75,8 +85,19 @@ class Tokenizer:
                 raise InvalidRequestError(f"messages[{i}].role={m['role']!r} is not system/user/assistant/tool")
         if getattr(self.hf, "chat_template", None) is None:
             raise InvalidRequestError("this model's tokenizer has no chat template")
-        out = self.hf.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
-                                          tokenize=True, return_dict=True)
+        if continue_final_message and messages[-1]["role"] != "assistant":
+            raise InvalidRequestError("continue_final_message: the last message must be the assistant's")
+        reserved = {"add_generation_prompt", "continue_final_message", "tokenize", "return_dict", "messages",
+                    "conversation", "tools", "documents"} & set(template_kwargs or ())
+        if reserved:
+            raise InvalidRequestError(f"chat_template_kwargs: {sorted(reserved)} cannot be set there")
+        try:
+            out = self.hf.apply_chat_template(
+                messages, add_generation_prompt=add_generation_prompt and not continue_final_message,
+                continue_final_message=continue_final_message, tokenize=True, return_dict=True,
+                **(template_kwargs or {}))
+        except (ValueError, TypeError, TemplateError) as e:  # e.g. a template raising on its kwargs
+            raise InvalidRequestError(f"the chat template cannot render these messages: {e}") from None
         return list(out["input_ids"])
 
 
@@ -134,17 +155,18 @@ class IncrementalDetokenizer:
     a delta is released only once it no longer ends in a partial UTF-8 sequence.
     """
 
-    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True):
+    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True, spaces_between_special_tokens: bool = True):
         self.tokenizer = tokenizer
         self.skip = skip_special_tokens
+        self.spaces = spaces_between_special_tokens
         self.prefix_offset = 0
         self.read_offset = 0
         self.text = ""
 
     def step(self, ids: list[int]) -> str:
         """The new text since the last call, given all output ids so far."""
-        prefix = self.tokenizer.decode(ids[self.prefix_offset : self.read_offset], self.skip)
-        full = self.tokenizer.decode(ids[self.prefix_offset :], self.skip)
+        prefix = self.tokenizer.decode(ids[self.prefix_offset : self.read_offset], self.skip, self.spaces)
+        full = self.tokenizer.decode(ids[self.prefix_offset :], self.skip, self.spaces)
         if len(full) > len(prefix) and not full.endswith("\ufffd"):
             delta = full[len(prefix):]
             self.prefix_offset, self.read_offset = self.read_offset, len(ids)
@@ -154,8 +176,8 @@ class IncrementalDetokenizer:
 
     def finish(self, ids: list[int]) -> str:
         """The rest of the text once `ids` is final, held-back partial characters included."""
-        prefix = self.tokenizer.decode(ids[self.prefix_offset : self.read_offset], self.skip)
-        full = self.tokenizer.decode(ids[self.prefix_offset :], self.skip)
+        prefix = self.tokenizer.decode(ids[self.prefix_offset : self.read_offset], self.skip, self.spaces)
+        full = self.tokenizer.decode(ids[self.prefix_offset :], self.skip, self.spaces)
         delta = full[len(prefix):] if full.startswith(prefix) else ""
         self.prefix_offset = self.read_offset = len(ids)
         self.text += delta
@@ -168,13 +190,17 @@ class TextStream:
     `push(new_ids)` returns the text to emit now: never a partial UTF-8 character, and never
     the last `len(longest stop string) - 1` characters, which could be the start of a stop
     string; `finish(last_ids, finish_reason)` takes the final tokens and returns the rest, cut
-    before the stop string that ended generation (which may sit in those very tokens). The
-    Engine's streams and the server's detokenizer process both use it.
+    before the stop string (or `stop_regex` match) that ended generation, which may sit in those
+    very tokens, unless `trim_stop` is false (SGLang's `no_stop_trim`). The Engine's streams and
+    the server's detokenizer process both use it. A `stop_regex` match has no length bound to
+    hold back, so text streamed before it ended stays sent; only the unsent part is trimmed.
     """
 
-    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True, stop: tuple[str, ...] = ()):
-        self._detok = IncrementalDetokenizer(tokenizer, skip_special_tokens)
-        self._holdback = max((len(x) for x in stop), default=1) - 1
+    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True, stop: tuple[str, ...] = (),
+                 trim_stop: bool = True, spaces_between_special_tokens: bool = True):
+        self._detok = IncrementalDetokenizer(tokenizer, skip_special_tokens, spaces_between_special_tokens)
+        self._trim = trim_stop
+        self._holdback = max((len(x) for x in stop), default=1) - 1 if trim_stop else 0
         self.ids: list[int] = []
         self.text = ""  # emitted so far
 
@@ -187,7 +213,7 @@ class TextStream:
     def finish(self, last_ids: list[int], finish_reason: dict[str, Any] | None) -> str:
         self.ids.extend(last_ids)
         self._detok.finish(self.ids)
-        return self._emit(trim_stop_string(self._detok.text, finish_reason))
+        return self._emit(trim_stop_string(self._detok.text, finish_reason) if self._trim else self._detok.text)
 
     def _emit(self, visible: str) -> str:
         delta = visible[len(self.text):] if len(visible) > len(self.text) else ""

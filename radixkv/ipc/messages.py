@@ -81,6 +81,13 @@ class DetokenizeParams:
     rid: str
     stops: list[str]
     skip_special_tokens: bool
+    trim_stop: bool = True  # false: SGLang's no_stop_trim
+    spaces_between_special_tokens: bool = True
+
+    @classmethod
+    def of(cls, rid: str, params: SamplingParams) -> DetokenizeParams:
+        return cls(rid, list(params.stop), params.skip_special_tokens, not params.no_stop_trim,
+                   params.spaces_between_special_tokens)
 
 
 @dataclass(frozen=True, slots=True)

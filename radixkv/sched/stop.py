@@ -6,10 +6,14 @@ Finish reasons follow SGLang: `{"type": "stop", "matched": <token id or string>}
 
 from __future__ import annotations
 
+import re
 from typing import Any, Protocol
 
 from radixkv.sched.request import Req
 from radixkv.tokenizer import trim_stop_string  # noqa: F401  (re-exported: the rule lives with the text)
+
+
+REGEX_WINDOW_TOKENS = 64
 
 
 class Decoder(Protocol):
@@ -48,10 +52,27 @@ def finish_reason(
             matched = _new_stop_string(out, p.stop, decoder)
             if matched is not None:
                 return {"type": "stop", "matched": matched}
+        if p.stop_regex and decoder is not None:
+            matched = _new_regex_match(out, p.stop_regex, decoder)
+            if matched is not None:
+                return {"type": "stop", "matched": matched}
     if len(out) >= p.max_new_tokens:
         return {"type": "length", "length": len(out)}
     if req.seq_len >= context_length:
         return {"type": "length", "length": len(out)}
+    return None
+
+
+def _new_regex_match(out: list[int], patterns: tuple[str, ...], decoder: Decoder) -> str | None:
+    """The text of the first `stop_regex` match that ends in the newest token's text, looked
+    for in the last `REGEX_WINDOW_TOKENS` tokens' text (a longer match is not seen)."""
+    before = decoder.decode(out[-REGEX_WINDOW_TOKENS:-1], skip_special_tokens=False)
+    text = decoder.decode(out[-REGEX_WINDOW_TOKENS:], skip_special_tokens=False)
+    new_from = len(before) if text.startswith(before) else 0
+    for pattern in patterns:
+        for m in re.compile(pattern).finditer(text):
+            if m.end() > new_from and m.end() > m.start():
+                return m.group(0)
     return None
 
 

@@ -35,8 +35,9 @@ class Detokenizer:
             stream = self.streams.get(out.rid)
             if stream is None:
                 p = self.params.pop(out.rid, None)  # None: a request refused before it ran
-                stream = self.streams[out.rid] = TextStream(self.tokenizer, p.skip_special_tokens if p else True,
-                                                            tuple(p.stops) if p else ())
+                stream = self.streams[out.rid] = (
+                    TextStream(self.tokenizer, p.skip_special_tokens, tuple(p.stops), p.trim_stop,
+                               p.spaces_between_special_tokens) if p else TextStream(self.tokenizer))
             if out.finished:
                 texts.append(stream.finish(out.new_ids, out.finish_reason))
                 del self.streams[out.rid]
