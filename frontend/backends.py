@@ -141,14 +141,12 @@ class RuntimeEndpoint(Backend):
         if on_text is None:
             out = self._request("POST", "/generate", body)
             return GenResult(out["text"], out["output_ids"], out["meta_info"])
-        text, ids, meta = [], [], {}
-        for event in self._stream("/generate", {**body, "stream": True}):
-            if event["text"]:
-                on_text(event["text"])
-            text.append(event["text"])
-            ids.extend(event["output_ids"])
-            meta = event["meta_info"]
-        return GenResult("".join(text), ids, meta)
+        text, ids, meta = "", [], {}
+        for event in self._stream("/generate", {**body, "stream": True}):  # each: the text and ids so far
+            if len(event["text"]) > len(text):
+                on_text(event["text"][len(text):])
+            text, ids, meta = event["text"], event["output_ids"], event["meta_info"]
+        return GenResult(text, ids, meta)
 
     def prompt_logprobs(self, prompts, start):
         outs = self._request("POST", "/generate", {"input_ids": prompts, "sampling_params": {"max_new_tokens": 0},

@@ -32,7 +32,8 @@ class Collected:
         """The log-prob entries of `meta_info` (none unless `return_logprob`)."""
         if not return_logprob:
             return {}
-        meta: dict[str, Any] = {"output_token_logprobs": [[v, t] for v, t in zip(self.output_logprobs, self.ids)]}
+        meta: dict[str, Any] = {"output_token_logprobs": [[v, t] for v, t in zip(self.output_logprobs, self.ids)],
+                                "output_token_logprobs_length": len(self.output_logprobs)}
         if top_n:
             meta["output_top_logprobs"] = self.output_top
         if start >= 0:

@@ -41,15 +41,27 @@ def chat_roles(request: Request) -> dict[str, Any] | None:
 
 
 @router.get("/server_info")
+@router.get("/get_server_info")
 async def server_info(request: Request):
-    """Model, KV pool (free / evictable / protected tokens), requests, processes, config, stats."""
+    """Model, KV pool (free / evictable / protected tokens), requests, processes, config, stats;
+    with SGLang's keys beside ours (`sglang_server_keys`), for its clients; `/get_server_info` is
+    SGLang's older name for it."""
     state = request.app.state
     stats = await state.manager.control("stats")
-    return {**state.manager.info, "version": __version__, "model_name": state.settings.model_name,
+    return {**sglang_server_keys(state, stats), **state.manager.info, "version": __version__, "model_name": state.settings.model_name,
             "chat_roles": chat_roles(request), "processes": {"http": os.getpid(), **state.child_pids},
             "ipc_directory": state.ipc_directory, "kv_pool": {k: stats[k] for k in POOL_FIELDS},
             "requests": {"running": stats["running_requests"], "waiting": stats["waiting_requests"]},
-            "stats": stats}
+            "kv_events": kv_events_info(state.manager.info.get("kv_events"), stats), "stats": stats}
+
+
+def kv_events_info(described: dict[str, Any] | None, stats: dict[str, Any]) -> dict[str, Any] | None:
+    """Where this worker publishes KV cache events (`--kv-events-config`), and how many it has
+    published; None when it publishes none."""
+    if described is None:
+        return None
+    return {**described, "published_batches": stats.get("kv_event_batches", 0),
+            "published_events": stats.get("kv_events_published", 0)}
 
 
 @router.post("/flush_cache")
@@ -66,3 +78,15 @@ async def metrics(request: Request):
     state = request.app.state
     body = state.metrics.render(await state.manager.control("stats"))
     return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+def sglang_server_keys(state, stats: dict[str, Any]) -> dict[str, Any]:
+    """The keys SGLang's `/server_info` has that ours names differently: the launch arguments
+    flat at the top level, `internal_states` per DP rank, the resolved pool size."""
+    info = state.manager.info
+    return {**info["config"], "model_path": info["model_dir"], "tokenizer_path": info["model_dir"],
+            "served_model_name": state.settings.model_name, "dp_size": 1,
+            "max_total_num_tokens": info["max_total_tokens"],
+            "max_req_input_len": info["limits"]["context_length"] - 1,
+            "internal_states": [{"dp_rank": 0, "avg_spec_accept_length": stats["spec_tokens_per_verify"],
+                                 "token_usage": stats["token_usage"]}]}

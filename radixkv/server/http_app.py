@@ -23,7 +23,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
 from radixkv.errors import RadixKVError
-from radixkv.server import admin_api, native_api, openai_api
+from radixkv.server import admin_api, native_api, openai_api, sglang_api
 from radixkv.server.http_common import (
     BODY_MODELS,
     DEFAULT_MAX_BODY_BYTES,
@@ -73,7 +73,7 @@ def create_app(manager: TokenizerManager, settings: ServerSettings, metrics: Ser
     app.state.child_pids, app.state.ipc_directory = {}, None
     if settings.api_keys:
         app.add_middleware(ApiKeyMiddleware, api_keys=settings.api_keys)
-    for router in (native_api.router, openai_api.router, admin_api.router):
+    for router in (native_api.router, openai_api.router, admin_api.router, sglang_api.router):
         app.include_router(router)
 
     @app.exception_handler(RadixKVError)

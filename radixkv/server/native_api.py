@@ -12,8 +12,8 @@ from radixkv.errors import InvalidRequestError
 from radixkv.results import Collected
 from radixkv.sampling_params import LogprobParams, SamplingParams
 from radixkv.server.http_common import (
-    all_or_none,
     HTTPError,
+    all_or_none,
     first_then_rest,
     parse,
     principal,
@@ -21,7 +21,13 @@ from radixkv.server.http_common import (
     streaming_response,
     until_disconnected,
 )
-from radixkv.server.protocol import AbortBody, DetokenizeBody, GenerateBody, TokenizeBody
+from radixkv.server.protocol import (
+    MAX_N,
+    AbortBody,
+    DetokenizeBody,
+    GenerateBody,
+    TokenizeBody,
+)
 from radixkv.server.tokenizer_manager import Chunk, TokenizerManager
 
 router = APIRouter()
@@ -29,47 +35,134 @@ router = APIRouter()
 
 @router.post("/generate", openapi_extra=request_body(GenerateBody))
 async def generate(request: Request):
-    """Text or input_ids (one prompt or a batch), sampling_params, stream, rid, log-probs."""
+    """Text or input_ids (one prompt or a batch), sampling_params (one, or one per prompt; `n`
+    samples each), stream, rid, log-probs (`return_text_in_logprobs` adds each token's text).
+
+    As SGLang answers: with `n > 1` the results are a list, sample j of prompt i at index
+    `j * prompts + i`; a stream's events carry the text and output ids so far, with the log-probs
+    of that event's new tokens (`output_token_logprobs_length` counts them all)."""
     manager: TokenizerManager = request.app.state.manager
     body = await parse(request, GenerateBody)
-    prompts, single = native_prompts(manager, body)
-    n = len(prompts)
-    params = [SamplingParams.from_dict(body.sampling_params or {})] * n
-    rids = per_prompt("rid", body.rid, n)
-    logprobs = [LogprobParams(*args) for args in zip(per_prompt("return_logprob", body.return_logprob, n),
-                                                      per_prompt("logprob_start_len", body.logprob_start_len, n),
-                                                      per_prompt("top_logprobs_num", body.top_logprobs_num, n))]
-    for i, (ids, p, lp) in enumerate(zip(prompts, params, logprobs)):
-        try:
-            manager.check(ids, p, lp)
-        except InvalidRequestError as e:
-            raise InvalidRequestError(str(e) if single else f"request [{i}]: {e}") from None
-    who = principal(request)
+    body.refuse_features_it_lacks()
+    job = NativeJob.of(manager, body)
+    who, namespace = principal(request), body.namespace
     if body.stream:
-        if not single:
-            raise InvalidRequestError("stream takes a single prompt")
-        source = manager.stream(prompts[0], params[0], rids[0], logprob=logprobs[0], principal=who)
+        if len(job.prompts) != 1:
+            raise InvalidRequestError("stream takes a single prompt and n=1")
+        source = manager.stream(job.prompts[0], job.params[0], job.rids[0], namespace=namespace,
+                                logprob=job.logprobs[0], principal=who)
         first, chunks = await first_then_rest(request, source)
         if first is not None and first.error is not None:
             await source.aclose()
             first.raise_if_error()
-        return streaming_response(native_events(chunks, logprobs[0]))
+        return streaming_response(native_events(manager, chunks, job.logprobs[0], body.return_text_in_logprobs))
+    await until_disconnected(request, job.prefill_if_sampled(manager, namespace))
     results = await until_disconnected(request, all_or_none(
-        *(manager.generate(ids, p, rid, logprob=lp, principal=who) for ids, p, rid, lp in
-          zip(prompts, params, rids, logprobs))))
-    outs = [{"text": text, "output_ids": got.ids, "meta_info": last.meta_info() | got.logprob_meta(*astuple(lp))}
-            for (text, got, last), lp in zip(results, logprobs)]
-    return outs[0] if single else outs
+        *(manager.generate(ids, p, rid, namespace=namespace, logprob=lp, principal=who) for ids, p, rid, lp in
+          zip(job.prompts, job.params, job.rids, job.logprobs))))
+    outs = [{"text": text, "output_ids": got.ids,
+             "meta_info": last.meta_info() | logprob_meta(manager, got, lp, body.return_text_in_logprobs)}
+            for (text, got, last), lp in zip(results, job.logprobs)]
+    return outs[0] if job.single else outs
 
 
-async def native_events(chunks: AsyncIterator[Chunk], logprob: LogprobParams) -> AsyncIterator[dict[str, Any]]:
-    """Engine.generate_stream's chunks, one event each; an error chunk raises (the stream's tail)."""
+class NativeJob:
+    """A /generate body as requests: one per prompt and sample, validated, in SGLang's order."""
+
+    def __init__(self, prompts, params, rids, logprobs, single: bool, n: int):
+        self.prompts: list[list[int]] = prompts
+        self.params: list[SamplingParams] = params
+        self.rids: list[str | None] = rids
+        self.logprobs: list[LogprobParams] = logprobs
+        self.single, self.n = single, n
+
+    @classmethod
+    def of(cls, manager: TokenizerManager, body: GenerateBody) -> NativeJob:
+        prompts, single = native_prompts(manager, body)
+        count = len(prompts)
+        dicts = per_prompt("sampling_params", body.sampling_params or {}, count)
+        n = samples_per_prompt(dicts)
+        params = []
+        for j in range(n):
+            for d in dicts:
+                d = {k: v for k, v in d.items() if k != "n"}
+                if n > 1 and d.get("seed", d.get("sampling_seed")) is not None:  # samples differ: seed + j
+                    key = "seed" if d.get("seed") is not None else "sampling_seed"
+                    d[key] = d[key] + j
+                params.append(SamplingParams.from_dict(d))
+        rids = per_prompt("rid", body.rid, count)
+        if n > 1 and any(r is not None for r in rids):
+            rids = [None if r is None else f"{r}-{j}" for j in range(n) for r in rids]
+        else:
+            rids = rids * n
+        logprobs = [LogprobParams(bool(r), -1 if s is None else s, t or 0) for r, s, t in
+                    zip(per_prompt("return_logprob", body.return_logprob, count),
+                        per_prompt("logprob_start_len", body.logprob_start_len, count),
+                        per_prompt("top_logprobs_num", body.top_logprobs_num, count))] * n
+        prompts = prompts * n
+        for i, (ids, p, lp) in enumerate(zip(prompts, params, logprobs)):
+            try:
+                manager.check(ids, p, lp)
+            except InvalidRequestError as e:
+                raise InvalidRequestError(str(e) if single and n == 1 else f"request [{i}]: {e}") from None
+        return cls(prompts, params, rids, logprobs, single and n == 1, n)
+
+    async def prefill_if_sampled(self, manager: TokenizerManager, namespace: str | None) -> None:
+        """n > 1: compute each prompt once first, so its n samples read it from the cache."""
+        if self.n > 1:
+            distinct = len(self.prompts) // self.n
+            await all_or_none(*(manager.generate(ids, SamplingParams(max_new_tokens=0), namespace=namespace)
+                                for ids in self.prompts[:distinct]))
+
+
+def samples_per_prompt(dicts: list[dict[str, Any]]) -> int:
+    """`sampling_params.n`, the same for every prompt (SGLang's rule)."""
+    values = {d.get("n") if d.get("n") is not None else 1 for d in dicts}
+    if len(values) != 1:
+        raise InvalidRequestError(f"sampling_params.n differs between prompts ({sorted(values)}): give one n")
+    (n,) = values
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_N:
+        raise InvalidRequestError(f"sampling_params.n={n!r}: must be an integer in [1, {MAX_N}]")
+    return n
+
+
+def logprob_meta(manager: TokenizerManager, got: Collected, lp: LogprobParams, with_text: bool) -> dict[str, Any]:
+    """The log-prob entries of `meta_info`, each `[logprob, token_id]` or, `with_text`,
+    `[logprob, token_id, text]` (SGLang's `return_text_in_logprobs`)."""
+    meta = got.logprob_meta(*astuple(lp))
+    if not meta:
+        return meta
+    if with_text:
+        for key in ("output_token_logprobs", "input_token_logprobs"):
+            if key in meta:
+                meta[key] = [with_token_text(manager, e) for e in meta[key]]
+        for key in ("output_top_logprobs", "input_top_logprobs"):
+            if key in meta:
+                meta[key] = [None if alts is None else [with_token_text(manager, e) for e in alts]
+                             for alts in meta[key]]
+    return meta
+
+
+def with_token_text(manager: TokenizerManager, entry: list) -> list:
+    return [entry[0], entry[1], manager.token_text(entry[1])]
+
+
+async def native_events(manager: TokenizerManager, chunks: AsyncIterator[Chunk], logprob: LogprobParams,
+                        with_text: bool) -> AsyncIterator[dict[str, Any]]:
+    """One event per chunk, as SGLang streams: `text` and `output_ids` so far, the log-probs of
+    this event's tokens; an error chunk raises (the stream's tail)."""
+    text, ids, logprobs_sent = "", [], 0
     async for chunk in chunks:
         chunk.raise_if_error()
+        text += chunk.text
+        ids.extend(chunk.new_ids)
         piece = Collected()
         piece.add(chunk)
-        yield {"text": chunk.text, "output_ids": chunk.new_ids, "finished": chunk.finished,
-               "meta_info": chunk.meta_info() | piece.logprob_meta(*astuple(logprob))}
+        meta = chunk.meta_info() | logprob_meta(manager, piece, logprob, with_text)
+        if logprob.return_logprob:
+            logprobs_sent += len(chunk.new_ids)
+            meta["output_token_logprobs_length"] = logprobs_sent
+        yield {"text": text, "output_ids": list(ids), "finished": chunk.finished, "meta_info": meta}
 
 
 @router.post("/tokenize", openapi_extra=request_body(TokenizeBody))

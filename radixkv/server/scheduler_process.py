@@ -50,7 +50,8 @@ def scheduler_info(scheduler: Scheduler, config: EngineConfig) -> dict[str, Any]
             "num_threads": scheduler.runner.num_threads, "device": str(scheduler.runner.device),
             "dtype": str(scheduler.runner.dtype).replace("torch.", ""),
             "attention_backend": scheduler.runner.backend.name,
-            "attention_backend_fallback": scheduler.runner.backend_fallback, "config": asdict(config)}
+            "attention_backend_fallback": scheduler.runner.backend_fallback, "config": asdict(config),
+            "kv_events": scheduler.kv_events.describe() if scheduler.kv_events is not None else None}
 
 
 class ZmqInbox:
@@ -91,8 +92,7 @@ class ZmqInbox:
     def _command(self, msg) -> Command | None:
         if isinstance(msg, GenerateRequest):
             if self.to_detokenizer is not None:  # before any of its outputs, on the same socket
-                self.to_detokenizer.send(encode(DetokenizeParams(msg.rid, list(msg.params.stop),
-                                                                 msg.params.skip_special_tokens)))
+                self.to_detokenizer.send(encode(DetokenizeParams.of(msg.rid, msg.params)))
             return AddRequest(Req(msg.rid, list(msg.input_ids), msg.params, namespace=msg.namespace,
                                   logprob=msg.logprob))
         if isinstance(msg, AbortMsg):

@@ -41,8 +41,11 @@ def test_streamed_generate_adds_up_to_the_same_text(server, default_engine):
                                         json={"text": PROMPTS[1], "sampling_params": greedy(20), "stream": True}) as r:
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
         events = sse_events(r)
-    assert "".join(e["text"] for e in events) == expected["text"]
-    assert [t for e in events for t in e["output_ids"]] == expected["output_ids"]
+    # as SGLang streams: each event holds the text and output ids so far (clients slice text[pos:])
+    assert events[-1]["text"] == expected["text"] and events[-1]["output_ids"] == expected["output_ids"]
+    for before, after in zip(events, events[1:]):
+        assert after["text"].startswith(before["text"])
+        assert after["output_ids"][:len(before["output_ids"])] == before["output_ids"]
     assert events[-1]["finished"] and not any(e["finished"] for e in events[:-1])
 
 
