@@ -21,8 +21,8 @@ from radixkv.errors import EngineError, InvalidRequestError, RadixKVError
 from radixkv.results import Collected
 from radixkv.sampling_params import LogprobParams, SamplingParams
 from radixkv.server.http_common import (
-    all_or_none,
     HTTPError,
+    all_or_none,
     first_then_rest,
     json_body,
     request_body,
@@ -36,6 +36,7 @@ from radixkv.server.protocol import (
     CompletionBody,
     check_choices,
     refuse_unsupported,
+    salt_namespace,
     sampling_dict,
 )
 from radixkv.server.tokenizer_manager import Chunk, TokenizerManager
@@ -55,17 +56,26 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dic
 
 
 class Job:
-    """One prompt and its n samples, validated; knows how much of the prompt was cached."""
+    """One prompt and its n samples, validated; knows how much of the prompt was cached.
+    `namespace`: the request's `cache_salt` namespace (None: the shared tree); `echo`: the
+    prompt's text, to put before each completion (OpenAI's `echo`)."""
 
-    def __init__(self, ids: list[int], params: list[SamplingParams], logprob: LogprobParams):
-        self.ids, self.params, self.logprob = ids, params, logprob
+    def __init__(self, ids: list[int], params: list[SamplingParams], logprob: LogprobParams,
+                 namespace: str | None = None, echo: str | None = None):
+        self.ids, self.params, self.logprob, self.namespace, self.echo = ids, params, logprob, namespace, echo
         self.cached_tokens: int | None = None  # of the prompt, before this request (n > 1)
 
     async def prefill_if_shared(self, manager: TokenizerManager) -> None:
         """n > 1: compute the prompt once, so every sample reads it from the cache."""
         if len(self.params) > 1:
-            _, _, last = await manager.generate(self.ids, SamplingParams(max_new_tokens=0))
+            _, _, last = await manager.generate(self.ids, SamplingParams(max_new_tokens=0), namespace=self.namespace)
             self.cached_tokens = last.cached_tokens
+
+    def generate(self, manager: TokenizerManager, params: SamplingParams):
+        return manager.generate(self.ids, params, namespace=self.namespace, logprob=self.logprob)
+
+    def streams(self, first_index: int = 0) -> list[tuple[int, Job, SamplingParams]]:
+        return [(first_index + j, self, p) for j, p in enumerate(self.params)]
 
 
 def check_model(request: Request, name: str) -> None:
@@ -75,15 +85,17 @@ def check_model(request: Request, name: str) -> None:
                              f"(see GET /v1/models)", "not_found")
 
 
-def jobs_for(manager: TokenizerManager, prompts: list[list[int]], body, max_tokens: int | None) -> list[Job]:
+def jobs_for(manager: TokenizerManager, prompts: list[list[int]], body, max_tokens: int | None,
+             echoes: list[str | None] | None = None) -> list[Job]:
     check_choices(body)
     jobs = []
     logprob = body.logprob_params()
-    for ids in prompts:
+    namespace = salt_namespace(body.cache_salt)
+    for ids, echo in zip(prompts, echoes or [None] * len(prompts)):
         max_new = max_tokens if max_tokens is not None else max(0, manager.limits.context_length - len(ids))
         params = [SamplingParams.from_dict(sampling_dict(body, max_new, j)) for j in range(body.n)]
         manager.check(ids, params[0], logprob)
-        jobs.append(Job(ids, params, logprob))
+        jobs.append(Job(ids, params, logprob, namespace, echo))
     return jobs
 
 
@@ -101,6 +113,7 @@ async def openai_body(request: Request, model: type[T], unsupported: tuple[str, 
     raw = await json_body(request)
     refuse_unsupported(raw, unsupported)
     body = model.model_validate(raw)
+    body.refuse_features_it_lacks()
     check_model(request, body.model)
     return body
 
@@ -117,17 +130,16 @@ async def chat_completions(request: Request):
     if not body.messages:
         raise InvalidRequestError("messages must not be empty")
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-    (job,) = jobs_for(manager, [manager.encode_chat([m.template_message() for m in body.messages])], body,
-                      max_tokens)
+    prompt = manager.encode_chat([m.template_message() for m in body.messages], body.continue_final_message,
+                                 body.chat_template_kwargs)
+    (job,) = jobs_for(manager, [prompt], body, max_tokens)
     meta = response_meta(request, "chatcmpl")
     await until_disconnected(request, job.prefill_if_shared(manager))
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        streams = [(j, job.ids, p, job.logprob) for j, p in enumerate(job.params)]
-        chunks = await started(request, merged(manager, streams))
+        chunks = await started(request, merged(manager, job.streams()))
         return streaming_response(chat_events(manager, job, chunks, meta, include_usage))
-    results = await until_disconnected(request, all_or_none(
-        *(manager.generate(job.ids, p, logprob=job.logprob) for p in job.params)))
+    results = await until_disconnected(request, all_or_none(*(job.generate(manager, p) for p in job.params)))
     choices = [{"index": j, "message": {"role": "assistant", "content": text},
                 "logprobs": chat_logprobs(manager, job, got), "finish_reason": finish_reason_name(last.finish_reason)}
                for j, (text, got, last) in enumerate(results)]
@@ -140,25 +152,23 @@ async def chat_completions(request: Request):
 async def completions(request: Request):
     manager: TokenizerManager = request.app.state.manager
     body = await openai_body(request, CompletionBody, UNSUPPORTED_COMPLETION)
-    jobs = jobs_for(manager, completion_prompts(manager, body.prompt), body, body.max_tokens)
+    prompts = completion_prompts(manager, body.prompt)
+    echoes = echo_texts(manager, body, prompts) if body.echo else None
+    jobs = jobs_for(manager, prompts, body, body.max_tokens, echoes)
     meta = response_meta(request, "cmpl")
     await until_disconnected(request, all_or_none(*(job.prefill_if_shared(manager) for job in jobs)))
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        streams, owner = [], {}
-        for i, job in enumerate(jobs):
-            for j, p in enumerate(job.params):
-                index = i * len(job.params) + j
-                streams.append((index, job.ids, p, job.logprob))
-                owner[index] = job
+        streams = [s for i, job in enumerate(jobs) for s in job.streams(i * body.n)]
         chunks = await started(request, merged(manager, streams))
+        owner = {index: job for index, job, _ in streams}
         return streaming_response(completion_events(manager, jobs, owner, chunks, meta, include_usage))
     per_job = await until_disconnected(request, all_or_none(
-        *(all_or_none(*(manager.generate(job.ids, p, logprob=job.logprob) for p in job.params)) for job in jobs)))
+        *(all_or_none(*(job.generate(manager, p) for p in job.params)) for job in jobs)))
     choices, completion, cached = [], 0, 0
     for i, (job, results) in enumerate(zip(jobs, per_job)):
         for j, (text, got, last) in enumerate(results):
-            choices.append({"index": i * len(job.params) + j, "text": text,
+            choices.append({"index": i * len(job.params) + j, "text": (job.echo or "") + text,
                             "logprobs": completion_logprobs(manager, job, got),
                             "finish_reason": finish_reason_name(last.finish_reason)})
             completion += last.completion_tokens
@@ -185,6 +195,15 @@ def completion_prompts(manager: TokenizerManager, prompt) -> list[list[int]]:
     return [list(p) for p in prompt]
 
 
+def echo_texts(manager: TokenizerManager, body: CompletionBody, prompts: list[list[int]]) -> list[str]:
+    """The text `echo` puts back: each prompt as sent (token-id prompts decoded)."""
+    given = body.prompt if isinstance(body.prompt, list) else [body.prompt]
+    if given and isinstance(given[0], str):
+        return list(given)
+    skip = body.skip_special_tokens if body.skip_special_tokens is not None else True
+    return [manager.tokenizer.decode(ids, skip) for ids in prompts]
+
+
 def token_entry(manager: TokenizerManager, token_id: int, logprob: float) -> dict[str, Any]:
     text = manager.token_text(token_id)
     return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
@@ -199,29 +218,37 @@ def chat_logprobs(manager: TokenizerManager, job: Job, got: Collected) -> dict[s
                         for t, lp, top in zip(got.ids, got.output_logprobs, tops)]}
 
 
-def completion_logprobs(manager: TokenizerManager, job: Job, got: Collected, offset: int = 0) -> dict[str, Any] | None:
-    """OpenAI completions `logprobs`: tokens, token_logprobs, top_logprobs, text_offset."""
+def completion_logprobs(manager: TokenizerManager, job: Job, got: Collected, offset: int = 0,
+                        with_prompt: bool = True) -> dict[str, Any] | None:
+    """OpenAI completions `logprobs`: tokens, token_logprobs, top_logprobs, text_offset. With
+    `echo` (and `with_prompt`: the piece that carries the prompt), the prompt's tokens come first,
+    the first with no log-prob (null), as OpenAI and vLLM report them."""
     if not job.logprob.return_logprob:
         return None
-    tokens = [manager.token_text(t) for t in got.ids]
+    ids, lps, tops = list(got.ids), list(got.output_logprobs), list(got.output_top)
+    if job.echo is not None and with_prompt:
+        prompt = got.input_logprobs or []
+        prompt_top = got.input_top or [None] * len(prompt)
+        ids, lps, tops = [t for _, t in prompt] + ids, [v for v, _ in prompt] + lps, list(prompt_top) + tops
+    tokens = [manager.token_text(t) for t in ids]
     offsets = []
     for tok in tokens:
         offsets.append(offset)
         offset += len(tok)
-    top = ([{manager.token_text(i): v for v, i in alts} for alts in got.output_top]
+    top = ([None if alts is None else {manager.token_text(i): v for v, i in alts} for alts in tops]
            if job.logprob.top_n else None)
-    return {"tokens": tokens, "token_logprobs": got.output_logprobs, "top_logprobs": top, "text_offset": offsets}
+    return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": top, "text_offset": offsets}
 
 
-async def merged(manager: TokenizerManager, streams: list[tuple[int, list[int], SamplingParams, LogprobParams]]
+async def merged(manager: TokenizerManager, streams: list[tuple[int, Job, SamplingParams]]
                  ) -> AsyncIterator[tuple[int, Chunk]]:
     """(choice index, chunk) from several requests as they arrive; a failed chunk raises. Leaving
     early (a client that disconnects) cancels every request still running."""
     queue: asyncio.Queue = asyncio.Queue()
 
-    async def pump(index: int, ids: list[int], params: SamplingParams, logprob: LogprobParams) -> None:
+    async def pump(index: int, job: Job, params: SamplingParams) -> None:
         try:
-            async for chunk in manager.stream(ids, params, logprob=logprob):
+            async for chunk in manager.stream(job.ids, params, namespace=job.namespace, logprob=job.logprob):
                 await queue.put((index, chunk))
         except RadixKVError as e:
             await queue.put((index, e))
@@ -257,20 +284,28 @@ async def started(request: Request, chunks: AsyncIterator[tuple[int, Chunk]]) ->
 
 async def chat_events(manager: TokenizerManager, job: Job, chunks: AsyncIterator[tuple[int, Chunk]], meta: dict,
                       include_usage: bool) -> AsyncIterator[dict[str, Any]]:
+    """A choice's first chunk carries its first text (with the role), never an empty delta: clients
+    time the first token by the first chunk. A chunk whose tokens' text is still held back (a
+    partial character, a possible stop string) is sent only when it has log-probs to carry."""
     base = {**meta, "object": "chat.completion.chunk"}
-    for j in range(len(job.params)):
-        yield {**base, "choices": [{"index": j, "delta": {"role": "assistant", "content": ""},
-                                    "logprobs": None, "finish_reason": None}]}
     lasts: dict[int, Chunk] = {}
+    opened: set[int] = set()
+
+    def delta(j: int, text: str) -> dict[str, Any]:
+        if j in opened:
+            return {"content": text}
+        opened.add(j)
+        return {"role": "assistant", "content": text}
+
     async for j, chunk in chunks:
-        if chunk.text or chunk.new_ids:
+        if chunk.text or (chunk.new_ids and job.logprob.return_logprob):
             piece = Collected()
             piece.add(chunk)
-            yield {**base, "choices": [{"index": j, "delta": {"content": chunk.text},
+            yield {**base, "choices": [{"index": j, "delta": delta(j, chunk.text),
                                         "logprobs": chat_logprobs(manager, job, piece), "finish_reason": None}]}
         if chunk.finished:
             lasts[j] = chunk
-            yield {**base, "choices": [{"index": j, "delta": {}, "logprobs": None,
+            yield {**base, "choices": [{"index": j, "delta": {} if j in opened else delta(j, ""), "logprobs": None,
                                         "finish_reason": finish_reason_name(chunk.finish_reason)}]}
     if include_usage:
         finals = [lasts[j] for j in sorted(lasts)]
@@ -281,16 +316,24 @@ async def chat_events(manager: TokenizerManager, job: Job, chunks: AsyncIterator
 async def completion_events(manager: TokenizerManager, jobs: list[Job], owner: dict[int, Job],
                             chunks: AsyncIterator[tuple[int, Chunk]], meta: dict, include_usage: bool
                             ) -> AsyncIterator[dict[str, Any]]:
+    """With `echo`, a choice's first chunk starts with the prompt (and its log-probs)."""
     base = {**meta, "object": "text_completion"}
     lasts: dict[int, Chunk] = {}
     offsets: dict[int, int] = {}
     async for index, chunk in chunks:
-        if chunk.text or chunk.new_ids or chunk.finished:
+        job = owner[index]
+        first = index not in offsets
+        if chunk.text or chunk.new_ids or chunk.finished or (first and job.echo):
             piece = Collected()
             piece.add(chunk)
-            logprobs = completion_logprobs(manager, owner[index], piece, offsets.get(index, 0))
-            offsets[index] = offsets.get(index, 0) + sum(len(manager.token_text(t)) for t in chunk.new_ids)
-            yield {**base, "choices": [{"index": index, "text": chunk.text, "logprobs": logprobs,
+            logprobs = completion_logprobs(manager, job, piece, offsets.get(index, 0), with_prompt=first)
+            if logprobs is not None:
+                offsets[index] = logprobs["text_offset"][-1] + len(logprobs["tokens"][-1]) if logprobs["tokens"] \
+                    else offsets.get(index, 0)
+            else:
+                offsets[index] = offsets.get(index, 0)
+            text = (job.echo or "") + chunk.text if first else chunk.text
+            yield {**base, "choices": [{"index": index, "text": text, "logprobs": logprobs,
                                         "finish_reason": finish_reason_name(chunk.finish_reason)
                                         if chunk.finished else None}]}
         if chunk.finished:

@@ -20,16 +20,103 @@ class Strict(BaseModel):
 
 
 class GenerateBody(Strict):
-    """POST /generate: one prompt or a batch, as text or token ids."""
+    """POST /generate: one prompt or a batch, as text or token ids (SGLang's request).
+
+    Beyond what it implements, it takes the fields SGLang's frontend and router send that are
+    pure hints here (`HINT_FIELDS`: accepted, no effect on output) and, set to their off value
+    only, the fields whose features this server lacks (`OFF_ONLY_FIELDS`: a 400 naming the field
+    when set)."""
 
     text: str | list[str] | None = None
     input_ids: list[int] | list[list[int]] | None = None
-    sampling_params: dict[str, Any] | None = None
+    sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None
     stream: bool = False
     rid: str | list[str] | None = None
-    return_logprob: bool | list[bool] = False
-    logprob_start_len: int | list[int] = -1
-    top_logprobs_num: int | list[int] = 0
+    return_logprob: bool | list[bool] | None = False
+    logprob_start_len: int | list[int] | None = -1
+    top_logprobs_num: int | list[int] | None = 0
+    return_text_in_logprobs: bool = False  # log-prob entries [logprob, token_id, token_text]
+    extra_key: str | None = None  # SGLang's cache namespace (a salt): prefixes are shared within one key only
+    cache_salt: str | None = None  # vLLM's name for the same
+    # hints (SGLang's; no effect on output here)
+    model: str | None = None  # the router names the model; one model is served
+    log_metrics: bool = True  # metrics are always recorded
+    no_logs: bool = False  # prompts and outputs are never logged here
+    session_id: str | None = None
+    conversation_id: str | None = None
+    routing_key: str | None = None
+    custom_labels: dict[str, str] | None = None
+    data_parallel_rank: int | None = None
+    # features this server does not have: accepted only when off
+    return_hidden_states: bool | list[bool] = False
+    background: bool = False
+    return_bytes: bool = False
+    return_entropy: bool = False
+    return_routed_experts: bool = False
+    token_ids_logprob: list[int] | list[list[int]] | None = None
+    lora_path: str | list[str | None] | None = None
+    lora_id: str | list[str | None] | None = None
+    image_data: Any = None
+    video_data: Any = None
+    audio_data: Any = None
+    input_embeds: Any = None
+    modalities: list[str] | None = None
+    session_params: dict[str, Any] | None = None
+    custom_logit_processor: str | list[str | None] | None = None
+    bootstrap_host: str | list[str | None] | None = None
+    bootstrap_port: int | list[int | None] | None = None
+    bootstrap_room: int | list[int | None] | None = None
+    bootstrap_pair_key: str | list[str | None] | None = None
+
+    def refuse_features_it_lacks(self) -> None:
+        """400 for a field whose feature this server lacks, when the request turns it on."""
+        on = [name for name in OFF_ONLY_FIELDS if _is_on(getattr(self, name))]
+        if on:
+            raise InvalidRequestError(f"{on[0]}={getattr(self, on[0])!r}: not supported by this server "
+                                      f"(accepted only when off: false, null or empty)")
+        if self.data_parallel_rank not in (None, 0):
+            raise InvalidRequestError(f"data_parallel_rank={self.data_parallel_rank}: this server is one "
+                                      f"data-parallel rank (0); route through the router for others")
+        if self.extra_key is not None and self.cache_salt is not None and self.extra_key != self.cache_salt:
+            raise InvalidRequestError("give extra_key or cache_salt (two names for the cache namespace), not both")
+
+    @property
+    def namespace(self) -> str | None:
+        return salt_namespace(self.extra_key if self.extra_key is not None else self.cache_salt)
+
+
+HINT_FIELDS = ("model", "log_metrics", "no_logs", "session_id", "conversation_id", "routing_key", "custom_labels",
+               "data_parallel_rank")
+OFF_ONLY_FIELDS = ("return_hidden_states", "background", "return_bytes", "return_entropy", "return_routed_experts",
+                   "token_ids_logprob", "lora_path", "lora_id", "image_data", "video_data", "audio_data",
+                   "input_embeds", "modalities", "session_params", "custom_logit_processor", "bootstrap_host",
+                   "bootstrap_port", "bootstrap_room", "bootstrap_pair_key")
+
+
+def _is_on(value: Any) -> bool:
+    if isinstance(value, list):
+        return any(_is_on(v) for v in value)
+    return value not in (None, False, "", {}, [])
+
+
+MAX_SALT_CHARS = 256
+
+
+def salt_namespace(salt: str | None) -> str | None:
+    """The radix tree's namespace of a `cache_salt` (None: the shared one). Requests with one salt
+    share prefixes only with each other."""
+    if salt is None:
+        return None
+    if not isinstance(salt, str) or not salt or len(salt) > MAX_SALT_CHARS:
+        raise InvalidRequestError(f"cache_salt: must be a non-empty string of at most {MAX_SALT_CHARS} characters")
+    return f"salt:{salt}"
+
+
+class ConcatAppendBody(Strict):
+    """POST /concate_and_append_request (SGLang frontend's parallel encoding)."""
+
+    src_rids: list[str]
+    dst_rid: str
 
 
 class AbortBody(Strict):
@@ -57,6 +144,7 @@ class TextPart(Strict):
 class ChatMessage(Strict):
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: str | list[TextPart] | None = None
+    name: str | None = None  # a participant's name: given to the chat template (most templates ignore it)
 
     def text(self) -> str:
         if self.content is None:
@@ -67,7 +155,10 @@ class ChatMessage(Strict):
 
     def template_message(self) -> dict[str, str]:
         """As a chat template takes it (OpenAI's `developer` role is a system message)."""
-        return {"role": "system" if self.role == "developer" else self.role, "content": self.text()}
+        message = {"role": "system" if self.role == "developer" else self.role, "content": self.text()}
+        if self.name is not None:
+            message["name"] = self.name
+        return message
 
 
 class TokenizeBody(Strict):
@@ -96,8 +187,9 @@ class SamplingFields(Strict):
     seed: int | None = Field(default=None, ge=SEED_MIN, le=SEED_MAX)  # 64 bits, as a torch generator takes
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
-    user: str | None = None  # the end user's id: recorded in the request log
+    user: str | None = None  # the end user's id: accepted, informational (no per-request log is kept)
     prompt_cache_key: str | None = None  # OpenAI's cache-routing hint: the router pins on it; one server ignores it
+    cache_salt: str | None = None  # vLLM's and SGLang's: prefixes are shared only among requests with this salt
     # extensions (as in SGLang and vLLM)
     top_k: int | None = None
     min_p: float | None = None
@@ -107,6 +199,23 @@ class SamplingFields(Strict):
     response_format: dict[str, Any] | None = None  # {"type": "text" | "json_object" | "json_schema", ...}
     regex: str | None = None
     ebnf: str | None = None
+    stop_token_ids: list[int] | None = None
+    sampling_seed: int | None = Field(default=None, ge=SEED_MIN, le=SEED_MAX)  # SGLang's name for seed
+    skip_special_tokens: bool | None = None
+    spaces_between_special_tokens: bool | None = None
+    no_stop_trim: bool | None = None
+    # SGLang router's: off only here (no LoRA adapters, no hidden states, no sessions)
+    lora_path: str | None = None
+    return_hidden_states: bool = False
+    session_params: dict[str, Any] | None = None
+
+    def refuse_features_it_lacks(self) -> None:
+        for name in ("lora_path", "return_hidden_states", "session_params"):
+            if getattr(self, name):
+                raise InvalidRequestError(f"{name}={getattr(self, name)!r}: not supported by this server "
+                                          f"(accepted only when off: false or null)")
+        if self.seed is not None and self.sampling_seed is not None:
+            raise InvalidRequestError("give seed or sampling_seed (SGLang's name for it), not both")
 
 
 class ChatCompletionBody(SamplingFields):
@@ -115,6 +224,11 @@ class ChatCompletionBody(SamplingFields):
     max_completion_tokens: int | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = None
+    continue_final_message: bool = False  # the last (assistant) message is continued, not answered
+    chat_template_kwargs: dict[str, Any] | None = None  # the template's own variables (enable_thinking, ...)
+    # SGLang's reasoning split: there is no reasoning parser here, so content is never split (a no-op)
+    separate_reasoning: bool = True
+    stream_reasoning: bool = True
 
     def logprob_params(self) -> LogprobParams:
         if self.top_logprobs and not self.logprobs:
@@ -126,20 +240,21 @@ class CompletionBody(SamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int | None = 16  # OpenAI's default for completions
     logprobs: int | None = None  # how many alternatives per token (0: only the chosen token's)
+    echo: bool = False  # the prompt comes back before the completion (with its log-probs when logprobs is set)
 
     def logprob_params(self) -> LogprobParams:
         if self.logprobs is None:
             return LogprobParams()
         if self.logprobs < 0:
             raise InvalidRequestError(f"logprobs={self.logprobs}: must be >= 0")
-        return LogprobParams(True, -1, self.logprobs)
+        return LogprobParams(True, 0 if self.echo else -1, self.logprobs)
 
 
 MAX_N = 16
 UNSUPPORTED_CHAT = ("logit_bias", "tools", "tool_choice", "parallel_tool_calls",
                     "functions", "function_call", "audio", "modalities", "prediction",
                     "store", "metadata", "service_tier", "reasoning_effort", "web_search_options")
-UNSUPPORTED_COMPLETION = ("echo", "best_of", "suffix", "logit_bias")
+UNSUPPORTED_COMPLETION = ("best_of", "suffix", "logit_bias")
 
 
 def refuse_unsupported(body: dict[str, Any], names: tuple[str, ...]) -> None:
@@ -154,8 +269,9 @@ def check_choices(body: SamplingFields) -> None:
     """`n` (and the per-choice seeds it implies) within range, before anything indexes choices."""
     if not 1 <= body.n <= MAX_N:
         raise InvalidRequestError(f"n={body.n}: must be in [1, {MAX_N}]")
-    if body.seed is not None and body.seed + body.n - 1 > SEED_MAX:
-        raise InvalidRequestError(f"seed={body.seed}: choice j samples with seed + j, which must fit in 64 bits "
+    seed = body.seed if body.seed is not None else body.sampling_seed
+    if seed is not None and seed + body.n - 1 > SEED_MAX:
+        raise InvalidRequestError(f"seed={seed}: choice j samples with seed + j, which must fit in 64 bits "
                                   f"(at most {SEED_MAX})")
 
 
@@ -172,8 +288,14 @@ def sampling_dict(body: SamplingFields, max_new_tokens: int, choice: int = 0) ->
             params[ours] = value
     if body.stop is not None:
         params["stop"] = [body.stop] if isinstance(body.stop, str) else list(body.stop)
-    if body.seed is not None:
-        params["seed"] = body.seed + choice
+    seed = body.seed if body.seed is not None else body.sampling_seed
+    if seed is not None:
+        params["seed"] = seed + choice
+    for name in ("skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim"):
+        if getattr(body, name) is not None:
+            params[name] = getattr(body, name)
+    if body.stop_token_ids is not None:
+        params["stop_token_ids"] = list(body.stop_token_ids)
     for name in ("regex", "ebnf"):
         if getattr(body, name) is not None:
             params[name] = getattr(body, name)
