@@ -111,6 +111,11 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--dp", type=int, default=1, help="data parallelism: start this many workers (on "
                      "ports PORT+1 .. PORT+N, each with these engine flags) behind a cache-aware router "
                      "on PORT (default: 1, no router)")
+    srv.add_argument("--router", choices=("embedded", "sglang"), default="embedded",
+                     help="with --dp N, the router in front of the workers: embedded (radixkv's own, "
+                          "cache-aware, no extra dependency) or sglang (SGLang's Rust router, "
+                          "`pip install 'radixkv[router]'`, policy cache_aware; the embedded one is used, "
+                          "with a warning, when it is not installed) (default: %(default)s)")
     add_engine_flags(srv)
 
     chat = sub.add_parser("chat", help="chat in the terminal",
@@ -305,6 +310,10 @@ def run_serve(args: argparse.Namespace) -> int:
     from radixkv.server.launch import serve
 
     config = EngineConfig.from_kwargs(**engine_options(args))  # validated here, once, for every worker
+    if args.router != "embedded" and args.dp == 1:
+        print("radixkv: error: --router chooses the router in front of --dp N workers; give --dp 2 or more",
+              file=sys.stderr)
+        return 2
     if args.dp != 1:
         from radixkv.router.launch import serve_data_parallel
 

@@ -8,6 +8,7 @@ import logging
 import sys
 from urllib.parse import urlparse
 
+from radixkv.errors import RadixKVError
 from radixkv.logs import setup_logging
 from radixkv.router.app import create_router_app
 from radixkv.router.workers import RouterSettings
@@ -62,24 +63,81 @@ MAX_DP = 16
 WORKER_READY_TIMEOUT = 600
 
 
-def _worker_argv(argv: list[str], port: int) -> list[str]:
-    """The `serve` command line without --dp/--port/--host, for a worker on 127.0.0.1:`port`."""
+def _worker_argv(argv: list[str], port: int, kv_events: str | None = None) -> list[str]:
+    """The `serve` command line without --dp/--port/--host/--router (and --kv-events-config,
+    given per worker as `kv_events`), for a worker on 127.0.0.1:`port`."""
     out, skip = [], False
     for i, a in enumerate(argv):
         if skip:
             skip = False
             continue
         name = a.split("=", 1)[0]
-        if name in ("--dp", "--port", "--host"):
+        if name in ("--dp", "--port", "--host", "--router", "--kv-events-config"):
             skip = "=" not in a
             continue
         out.append(a)
-    return [sys.executable, "-m", "radixkv", *out, "--port", str(port), "--host", "127.0.0.1"]
+    events = ["--kv-events-config", kv_events] if kv_events is not None else []
+    return [sys.executable, "-m", "radixkv", *out, *events, "--port", str(port), "--host", "127.0.0.1"]
+
+
+def worker_kv_events(text: str | None, dp: int) -> list[str | None]:
+    """Each worker's `--kv-events-config`: its own ports (rank r: + r, or + 2r when the replay
+    port is the endpoint's + 1), so N caches publish on N sockets. Raises ValueError when two
+    workers' ports would collide."""
+    from radixkv.config import KVEventsConfig
+
+    config = KVEventsConfig.parse(text)
+    if text is None or config.publisher == "null":
+        return [text] * dp
+
+    def port(address: str | None) -> int | None:
+        tail = (address or "").rpartition(":")[2]
+        return int(tail) if (address or "").startswith("tcp://") and tail.isdigit() else None
+
+    e, r = port(config.endpoint), port(config.replay_endpoint)
+    step = 2 if e is not None and r is not None and abs(e - r) == 1 else 1
+    ranks = [config.for_rank(i, step) for i in range(dp)]
+    used = [p for c in ranks for p in (port(c.endpoint), port(c.replay_endpoint)) if p is not None]
+    if len(used) != len(set(used)):
+        raise ValueError(f"--kv-events-config: the {dp} workers' ports would collide ({sorted(used)}); "
+                         f"space endpoint and replay_endpoint at least {dp} apart")
+    return [c.to_json() for c in ranks]
+
+
+def sglang_router_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("sglang_router") is not None
+
+
+def sglang_router_argv(workers: list[str], host: str, port: int, api_key: str | None, log_level: str) -> list[str]:
+    """SGLang's router (the `sglang-router` package) over `workers`, cache-aware."""
+    level = {"debug": "debug", "info": "info", "warning": "warn"}.get(log_level, "error")
+    argv = [sys.executable, "-m", "sglang_router.launch_router", "--worker-urls", *workers, "--host", host,
+            "--port", str(port), "--policy", "cache_aware", "--log-level", level]
+    return argv + (["--api-key", api_key] if api_key else [])
+
+
+def wait_until_serving(url: str, proc, timeout: float, headers: dict[str, str]) -> bool:
+    """Whether `url`/health answers 200 before `proc` exits or `timeout` seconds pass."""
+    import time
+
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            if httpx.get(f"{url}/health", headers=headers, timeout=2).status_code == 200:
+                return True
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    return False
 
 
 def serve_data_parallel(args: argparse.Namespace) -> int:
-    """`radixkv serve --dp N`: N workers on PORT+1..PORT+N and a cache-aware router on PORT;
-    Ctrl-C or SIGTERM stops them all."""
+    """`radixkv serve --dp N`: N workers on PORT+1..PORT+N and a cache-aware router on PORT
+    (ours, or SGLang's with `--router sglang`); Ctrl-C or SIGTERM stops them all."""
     import os
     import signal
     import subprocess
@@ -95,6 +153,11 @@ def serve_data_parallel(args: argparse.Namespace) -> int:
         return 2
     if not (0 < args.port and args.port + args.dp < 65536):
         print(f"radixkv: error: --port {args.port}: PORT..PORT+{args.dp} must be valid ports", file=sys.stderr)
+        return 2
+    try:
+        kv_events = worker_kv_events(args.kv_events_config, args.dp)
+    except (ValueError, RadixKVError) as e:
+        print(f"radixkv: error: {e}", file=sys.stderr)
         return 2
     procs: list[subprocess.Popen] = []
     ready = [threading.Event() for _ in range(args.dp)]
@@ -124,7 +187,7 @@ def serve_data_parallel(args: argparse.Namespace) -> int:
     previous = signal.signal(signal.SIGTERM, interrupt)  # while workers load; uvicorn takes over after
     try:
         for i in range(args.dp):
-            cmd = _worker_argv(args.argv, args.port + 1 + i)
+            cmd = _worker_argv(args.argv, args.port + 1 + i, kv_events[i])
             proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
             procs.append(proc)
@@ -136,10 +199,28 @@ def serve_data_parallel(args: argparse.Namespace) -> int:
                     print(f"radixkv: error: worker {i} (port {args.port + 1 + i}) did not start "
                           f"(exit {proc.poll()})", file=sys.stderr)
                     return 1
-        router_args = argparse.Namespace(
-            worker=[f"http://127.0.0.1:{args.port + 1 + i}" for i in range(args.dp)], policy="cache_aware",
-            host=args.host, port=args.port, api_key=keys[0] if keys else None, health_interval=2.0,
-            log_level=args.log_level)
+        workers = [f"http://127.0.0.1:{args.port + 1 + i}" for i in range(args.dp)]
+        key = keys[0] if keys else None
+        if args.router == "sglang" and not sglang_router_installed():
+            logging.getLogger(__name__).warning(
+                "--router sglang: sglang-router is not installed (pip install 'radixkv[router]'); "
+                "using the embedded router")
+        elif args.router == "sglang":
+            router = subprocess.Popen(sglang_router_argv(workers, args.host, args.port, key, args.log_level),
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            procs.insert(0, router)  # stopped first
+            threading.Thread(target=lambda: [sys.stderr.write(f"[sglang-router] {line}") for line in router.stdout],
+                             daemon=True).start()
+            url = f"http://{args.host}:{args.port}"
+            if not wait_until_serving(url, router, WORKER_READY_TIMEOUT,
+                                      {"Authorization": f"Bearer {key}"} if key else {}):
+                print(f"radixkv: error: sglang-router did not start on port {args.port} (exit {router.poll()})",
+                      file=sys.stderr)
+                return 1
+            print(f"radixkv ready: {url} (sglang-router, cache_aware, over {args.dp} workers)", flush=True)
+            return router.wait()
+        router_args = argparse.Namespace(worker=workers, policy="cache_aware", host=args.host, port=args.port,
+                                         api_key=key, health_interval=2.0, log_level=args.log_level)
         return serve_router(router_args)
     except KeyboardInterrupt:
         return 0

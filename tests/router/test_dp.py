@@ -35,3 +35,24 @@ def test_serve_dp_refuses_a_bad_count():
     proc = subprocess.run([sys.executable, "-m", "radixkv", "serve", "--dp", "99"], capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 2 and "--dp" in proc.stderr
+
+
+def test_each_worker_publishes_kv_events_on_its_own_ports():
+    from radixkv.config import KVEventsConfig
+    from radixkv.router.launch import _worker_argv, worker_kv_events
+
+    given = '{"publisher": "zmq", "endpoint": "tcp://*:5557", "replay_endpoint": "tcp://*:5558"}'
+    per = [KVEventsConfig.parse(t) for t in worker_kv_events(given, 3)]
+    assert [(c.endpoint, c.replay_endpoint) for c in per] == [
+        ("tcp://*:5557", "tcp://*:5558"), ("tcp://*:5559", "tcp://*:5560"), ("tcp://*:5561", "tcp://*:5562")]
+    assert worker_kv_events(None, 2) == [None, None]
+    with pytest.raises(ValueError, match="collide"):
+        worker_kv_events('{"publisher": "zmq", "endpoint": "tcp://*:5557", "replay_endpoint": "tcp://*:5559"}', 3)
+    argv = _worker_argv(["serve", "--dp", "2", "--router", "sglang", "--kv-events-config", given, "--port", "9"],
+                        30001, per[1].to_json())
+    assert argv[3:] == ["serve", "--kv-events-config", per[1].to_json(), "--port", "30001", "--host", "127.0.0.1"]
+
+
+def test_router_without_dp_is_refused(run_cli):
+    out = run_cli("serve", "--router", "sglang")
+    assert out.returncode == 2 and "--dp" in out.stderr
