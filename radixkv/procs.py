@@ -44,6 +44,16 @@ def become_child(parent_pid: int, log_level: str, name: str, death_signal: bool 
     return logging.getLogger(f"radixkv.server.{name}")
 
 
+def die_with_parent() -> None:
+    """`preexec_fn` of a child started by a command's main thread (a `--dp` worker, SGLang's
+    router): Linux sends it SIGTERM when the parent exits, however it exits (SIGKILL too), so
+    no process outlives the command that started it."""
+    try:
+        ctypes.CDLL("libc.so.6").prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass  # not Linux: stopped by the parent's own shutdown only
+
+
 def _exit_on_sigterm(signum, frame) -> None:
     raise SystemExit(0)
 

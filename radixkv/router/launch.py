@@ -10,6 +10,7 @@ from urllib.parse import urlparse
 
 from radixkv.errors import RadixKVError
 from radixkv.logs import setup_logging
+from radixkv.procs import die_with_parent
 from radixkv.router.app import create_router_app
 from radixkv.router.workers import RouterSettings
 
@@ -104,6 +105,14 @@ def worker_kv_events(text: str | None, dp: int) -> list[str | None]:
     return [c.to_json() for c in ranks]
 
 
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def sglang_router_installed() -> bool:
     import importlib.util
 
@@ -114,7 +123,9 @@ def sglang_router_argv(workers: list[str], host: str, port: int, api_key: str | 
     """SGLang's router (the `sglang-router` package) over `workers`, cache-aware."""
     level = {"debug": "debug", "info": "info", "warning": "warn"}.get(log_level, "error")
     argv = [sys.executable, "-m", "sglang_router.launch_router", "--worker-urls", *workers, "--host", host,
-            "--port", str(port), "--policy", "cache_aware", "--log-level", level]
+            "--port", str(port), "--policy", "cache_aware", "--log-level", level,
+            # its Prometheus exporter listens on 29000 by default: one free port each, so routers coexist
+            "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]
     return argv + (["--api-key", api_key] if api_key else [])
 
 
@@ -189,7 +200,7 @@ def serve_data_parallel(args: argparse.Namespace) -> int:
         for i in range(args.dp):
             cmd = _worker_argv(args.argv, args.port + 1 + i, kv_events[i])
             proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                    env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                    env={**os.environ, "PYTHONUNBUFFERED": "1"}, preexec_fn=die_with_parent)
             procs.append(proc)
             threading.Thread(target=relay, args=(i, proc), daemon=True).start()
         deadline = time.monotonic() + WORKER_READY_TIMEOUT
@@ -207,7 +218,8 @@ def serve_data_parallel(args: argparse.Namespace) -> int:
                 "using the embedded router")
         elif args.router == "sglang":
             router = subprocess.Popen(sglang_router_argv(workers, args.host, args.port, key, args.log_level),
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                      preexec_fn=die_with_parent)
             procs.insert(0, router)  # stopped first
             threading.Thread(target=lambda: [sys.stderr.write(f"[sglang-router] {line}") for line in router.stdout],
                              daemon=True).start()

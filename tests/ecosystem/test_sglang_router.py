@@ -1,6 +1,7 @@
 """`radixkv serve --dp 2 --router sglang`: SGLang's Rust router (`sglang-router` from PyPI,
 cache_aware) in front of two radixkv workers. A conversation keeps landing on the worker that
-holds its prefix while other traffic comes in between; streams pass through."""
+holds its prefix while other traffic comes in between; streams pass through; killing the
+command (SIGKILL) takes the workers and the router with it."""
 
 import json
 import time
@@ -20,9 +21,14 @@ def routed():
     server = start_server(command=("serve", "--dp", "2", "--router", "sglang", "--max-total-tokens", "8192",
                                    "--compile", "off"))
     children = psutil.Process(server.proc.pid).children(recursive=True)
-    assert any("sglang_router" in " ".join(c.cmdline()) for c in children)  # SGLang's router, not ours
+    try:  # SGLang's router, not ours (it renames its process "sglang::router")
+        assert any("sglang" in " ".join(c.cmdline()) and "radixkv" not in " ".join(c.cmdline()) for c in children)
+    except BaseException:
+        stop_server(server)
+        raise
     yield server
-    assert stop_server(server) == 0
+    server.proc.kill()  # the command dies without a word: its workers and SGLang's router go with it
+    server.proc.wait()
     deadline = time.monotonic() + 30
     while any(c.is_running() and c.status() != psutil.STATUS_ZOMBIE for c in children):
         assert time.monotonic() < deadline, "a worker or the router outlived the command"
