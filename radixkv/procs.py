@@ -11,6 +11,7 @@ import ctypes
 import logging
 import os
 import signal
+import sys
 
 from radixkv.logs import setup_logging
 
@@ -44,14 +45,23 @@ def become_child(parent_pid: int, log_level: str, name: str, death_signal: bool 
     return logging.getLogger(f"radixkv.server.{name}")
 
 
-def die_with_parent() -> None:
-    """`preexec_fn` of a child started by a command's main thread (a `--dp` worker, SGLang's
-    router): Linux sends it SIGTERM when the parent exits, however it exits (SIGKILL too), so
-    no process outlives the command that started it."""
+def die_with_parent(parent_pid: int) -> None:
+    """Linux sends this process SIGTERM when `parent_pid` exits, however it exits (SIGKILL too),
+    so no process outlives the command that started it; exits at once if it already has."""
     try:
         ctypes.CDLL("libc.so.6").prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
     except (OSError, AttributeError):
         pass  # not Linux: stopped by the parent's own shutdown only
+    if os.getppid() != parent_pid:
+        os._exit(1)
+
+
+def orphanless(module: str, *args: str) -> list[str]:
+    """The command line that runs `python -m module args` as a child that dies with this
+    process (`die_with_parent`, set in the child itself: no `preexec_fn` in a threaded parent)."""
+    code = ("import runpy, sys; from radixkv.procs import die_with_parent; "
+            f"die_with_parent({os.getpid()}); runpy.run_module(sys.argv.pop(1), run_name='__main__', alter_sys=True)")
+    return [sys.executable, "-c", code, module, *args]
 
 
 def _exit_on_sigterm(signum, frame) -> None:

@@ -10,7 +10,7 @@ from urllib.parse import urlparse
 
 from radixkv.errors import RadixKVError
 from radixkv.logs import setup_logging
-from radixkv.procs import die_with_parent
+from radixkv.procs import orphanless
 from radixkv.router.app import create_router_app
 from radixkv.router.workers import RouterSettings
 
@@ -78,7 +78,7 @@ def _worker_argv(argv: list[str], port: int, kv_events: str | None = None) -> li
             continue
         out.append(a)
     events = ["--kv-events-config", kv_events] if kv_events is not None else []
-    return [sys.executable, "-m", "radixkv", *out, *events, "--port", str(port), "--host", "127.0.0.1"]
+    return orphanless("radixkv", *out, *events, "--port", str(port), "--host", "127.0.0.1")
 
 
 def worker_kv_events(text: str | None, dp: int) -> list[str | None]:
@@ -122,10 +122,10 @@ def sglang_router_installed() -> bool:
 def sglang_router_argv(workers: list[str], host: str, port: int, api_key: str | None, log_level: str) -> list[str]:
     """SGLang's router (the `sglang-router` package) over `workers`, cache-aware."""
     level = {"debug": "debug", "info": "info", "warning": "warn"}.get(log_level, "error")
-    argv = [sys.executable, "-m", "sglang_router.launch_router", "--worker-urls", *workers, "--host", host,
-            "--port", str(port), "--policy", "cache_aware", "--log-level", level,
-            # its Prometheus exporter listens on 29000 by default: one free port each, so routers coexist
-            "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]
+    argv = orphanless("sglang_router.launch_router", "--worker-urls", *workers, "--host", host,
+                      "--port", str(port), "--policy", "cache_aware", "--log-level", level,
+                      # its Prometheus exporter listens on 29000 by default: one free port each
+                      "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()))
     return argv + (["--api-key", api_key] if api_key else [])
 
 
@@ -200,7 +200,7 @@ def serve_data_parallel(args: argparse.Namespace) -> int:
         for i in range(args.dp):
             cmd = _worker_argv(args.argv, args.port + 1 + i, kv_events[i])
             proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                    env={**os.environ, "PYTHONUNBUFFERED": "1"}, preexec_fn=die_with_parent)
+                                    env={**os.environ, "PYTHONUNBUFFERED": "1"})
             procs.append(proc)
             threading.Thread(target=relay, args=(i, proc), daemon=True).start()
         deadline = time.monotonic() + WORKER_READY_TIMEOUT
@@ -218,8 +218,7 @@ def serve_data_parallel(args: argparse.Namespace) -> int:
                 "using the embedded router")
         elif args.router == "sglang":
             router = subprocess.Popen(sglang_router_argv(workers, args.host, args.port, key, args.log_level),
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                      preexec_fn=die_with_parent)
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             procs.insert(0, router)  # stopped first
             threading.Thread(target=lambda: [sys.stderr.write(f"[sglang-router] {line}") for line in router.stdout],
                              daemon=True).start()

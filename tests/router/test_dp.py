@@ -50,7 +50,7 @@ def test_each_worker_publishes_kv_events_on_its_own_ports():
         worker_kv_events('{"publisher": "zmq", "endpoint": "tcp://*:5557", "replay_endpoint": "tcp://*:5559"}', 3)
     argv = _worker_argv(["serve", "--dp", "2", "--router", "sglang", "--kv-events-config", given, "--port", "9"],
                         30001, per[1].to_json())
-    assert argv[3:] == ["serve", "--kv-events-config", per[1].to_json(), "--port", "30001", "--host", "127.0.0.1"]
+    assert argv[3:] == ["radixkv", "serve", "--kv-events-config", per[1].to_json(), "--port", "30001", "--host", "127.0.0.1"]
 
 
 def test_router_without_dp_is_refused(run_cli):
