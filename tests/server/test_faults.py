@@ -6,8 +6,19 @@ import time
 
 import httpx
 import psutil
+import pytest
 
-from tests.server_helpers import start_server, stop_server
+from tests.server_helpers import start_server, stop_server, wait_ready
+
+
+@pytest.fixture(scope="module")
+def servers():
+    """Two servers for the two tests, loading at the same time (each test ends its own)."""
+    started = [start_server(api_key=None, wait=False) for _ in range(2)]
+    yield [wait_ready(s) for s in started]
+    for s in started:
+        if s.proc.poll() is None:
+            s.proc.kill()
 
 
 def children_of(pid):
@@ -24,8 +35,8 @@ def still_running(procs, grace=5.0):
     return [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
 
 
-def test_sigterm_stops_every_process_and_removes_the_sockets():
-    server = start_server(api_key=None)
+def test_sigterm_stops_every_process_and_removes_the_sockets(servers):
+    server = servers[0]
     info = server.info()
     kids = children_of(server.proc.pid)
     assert {info["processes"]["scheduler"], info["processes"]["detokenizer"]} <= {k.pid for k in kids}
@@ -35,8 +46,8 @@ def test_sigterm_stops_every_process_and_removes_the_sockets():
     assert not os.path.exists(info["ipc_directory"])
 
 
-def test_killing_the_scheduler_answers_503_or_exits_never_hangs():
-    server = start_server(api_key=None)
+def test_killing_the_scheduler_answers_503_or_exits_never_hangs(servers):
+    server = servers[1]
     scheduler = server.info()["processes"]["scheduler"]
     kids = children_of(server.proc.pid)
     with httpx.Client(base_url=server.url, timeout=30) as c:
