@@ -86,8 +86,8 @@ class NativeJob:
         for j in range(n):
             for d in dicts:
                 d = {k: v for k, v in d.items() if k != "n"}
-                if n > 1 and d.get("seed", d.get("sampling_seed")) is not None:  # samples differ: seed + j
-                    key = "seed" if d.get("seed") is not None else "sampling_seed"
+                key = next((k for k in ("seed", "sampling_seed") if d.get(k) is not None), None)
+                if n > 1 and key is not None and type(d[key]) is int:  # samples differ: seed + j (others: refused below)
                     d[key] = d[key] + j
                 params.append(SamplingParams.from_dict(d))
         rids = per_prompt("rid", body.rid, count)

@@ -79,6 +79,7 @@ def test_n_returns_n_samples_in_sglangs_order_after_one_prefill(server):
             "max_new_tokens": 6, "temperature": 1.0, "seed": 7 + j}}).json() for j in range(3) for i in range(2)]
         one = c.post("/generate", json={"text": prompts[0], "sampling_params": {"max_new_tokens": 2, "n": 2}}).json()
         bad = c.post("/generate", json={"text": prompts[0], "sampling_params": {"n": 0}})
+        bad_seed = c.post("/generate", json={"text": prompts[0], "sampling_params": {"n": 2, "seed": "x"}})
     # sample j of prompt i at j * prompts + i; sample j seeded seed + j
     assert [o["output_ids"] for o in outs] == [s["output_ids"] for s in singles]
     assert len({tuple(o["output_ids"]) for o in outs[::2]}) > 1  # the samples differ
@@ -86,6 +87,7 @@ def test_n_returns_n_samples_in_sglangs_order_after_one_prefill(server):
     assert all(o["meta_info"]["cached_tokens"] == o["meta_info"]["prompt_tokens"] - 1 for o in outs)
     assert isinstance(one, list) and len(one) == 2  # one prompt, n=2: a list, as SGLang answers
     assert bad.status_code == 400 and "sampling_params.n" in bad.json()["error"]["message"]
+    assert bad_seed.status_code == 400 and "seed" in bad_seed.json()["error"]["message"]
 
 
 def test_stop_regex_stops_and_is_trimmed_unless_no_stop_trim(server, default_engine):
