@@ -15,6 +15,7 @@ def script(name, *args):
                           timeout=600, cwd=BENCH)
 
 
+@pytest.mark.slow  # 15-28 s of model runs; each format's quality bounds run in CI in tests/model/test_kv_quant_quality.py
 def test_kv_quant_reports_capacity_and_quality_per_format(tmp_path):
     out = tmp_path / "q.json"
     proc = script("kv_quant.py", "--formats", "auto,int8,int4", "--prompts", "1", "--new-tokens", "4",
