@@ -70,10 +70,7 @@ class GenerateBody(Strict):
 
     def refuse_features_it_lacks(self) -> None:
         """400 for a field whose feature this server lacks, when the request turns it on."""
-        on = [name for name in OFF_ONLY_FIELDS if _is_on(getattr(self, name))]
-        if on:
-            raise InvalidRequestError(f"{on[0]}={getattr(self, on[0])!r}: not supported by this server "
-                                      f"(accepted only when off: false, null or empty)")
+        refuse_if_on(self, OFF_ONLY_FIELDS)
         if self.data_parallel_rank not in (None, 0):
             raise InvalidRequestError(f"data_parallel_rank={self.data_parallel_rank}: this server is one "
                                       f"data-parallel rank (0); route through the router for others")
@@ -91,6 +88,14 @@ OFF_ONLY_FIELDS = ("return_hidden_states", "background", "return_bytes", "return
                    "token_ids_logprob", "lora_path", "lora_id", "image_data", "video_data", "audio_data",
                    "input_embeds", "modalities", "session_params", "custom_logit_processor", "bootstrap_host",
                    "bootstrap_port", "bootstrap_room", "bootstrap_pair_key")
+
+
+def refuse_if_on(body: BaseModel, names: tuple[str, ...]) -> None:
+    """400 naming the first of `names` (fields whose feature this server lacks) that `body` turns on."""
+    on = [name for name in names if _is_on(getattr(body, name))]
+    if on:
+        raise InvalidRequestError(f"{on[0]}={getattr(body, on[0])!r}: not supported by this server "
+                                  f"(accepted only when off: false, null or empty)")
 
 
 def _is_on(value: Any) -> bool:
@@ -210,10 +215,7 @@ class SamplingFields(Strict):
     session_params: dict[str, Any] | None = None
 
     def refuse_features_it_lacks(self) -> None:
-        for name in ("lora_path", "return_hidden_states", "session_params"):
-            if getattr(self, name):
-                raise InvalidRequestError(f"{name}={getattr(self, name)!r}: not supported by this server "
-                                          f"(accepted only when off: false or null)")
+        refuse_if_on(self, ("lora_path", "return_hidden_states", "session_params"))
         if self.seed is not None and self.sampling_seed is not None:
             raise InvalidRequestError("give seed or sampling_seed (SGLang's name for it), not both")
 
