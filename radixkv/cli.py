@@ -30,6 +30,7 @@ SAMPLING_FLAGS = {
 
 # short spellings users know from SGLang and vLLM
 FLAG_ALIASES = {"tp_size": ["--tp"]}
+FLAG_METAVARS = {"max_cache_retention": "SECONDS"}
 
 
 def add_engine_flags(parser: argparse.ArgumentParser) -> None:
@@ -46,7 +47,7 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
             continue
         kind = {"int": int, "int | None": int, "float": float}.get(f.type, str)
         group.add_argument(*flags, type=kind, default=default, help=help_text,
-                           metavar=f.name.upper(), dest=f.name)
+                           metavar=FLAG_METAVARS.get(f.name, f.name.upper()), dest=f.name)
 
 
 def add_sampling_flags(parser: argparse.ArgumentParser) -> None:
@@ -108,6 +109,13 @@ def build_parser() -> argparse.ArgumentParser:
                      "OpenAI requests (default: SmolLM2-135M-Instruct, or the model directory's name)")
     srv.add_argument("--max-body-bytes", type=int, default=None, help="largest request body accepted; "
                      "larger ones get HTTP 413 (default: 8 MiB)")
+    srv.add_argument("--responses-store-size", type=int, default=1024, metavar="N",
+                     help="Responses API: keep at most N responses (per server, each visible only to the "
+                          "API key that made it) for previous_response_id and GET /v1/responses/{id}; the "
+                          "oldest go first; 0 keeps none (default: %(default)s)")
+    srv.add_argument("--responses-store-ttl", type=float, default=3600.0, metavar="SECONDS",
+                     help="Responses API: forget a stored response this long after it was made "
+                          "(default: %(default)s)")
     srv.add_argument("--dp", type=int, default=1, help="data parallelism: start this many workers (on "
                      "ports PORT+1 .. PORT+N, each with these engine flags) behind a cache-aware router "
                      "on PORT (default: 1, no router)")
@@ -320,7 +328,8 @@ def run_serve(args: argparse.Namespace) -> int:
         return serve_data_parallel(args)
     return serve(config, host=args.host, port=args.port, api_keys=tuple(args.api_key or ()),
                  served_model_name=args.served_model_name, max_body_bytes=args.max_body_bytes,
-                 shutdown_timeout=args.shutdown_timeout)
+                 shutdown_timeout=args.shutdown_timeout, responses_store_size=args.responses_store_size,
+                 responses_store_ttl=args.responses_store_ttl)
 
 
 def run_router(args: argparse.Namespace) -> int:

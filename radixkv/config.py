@@ -7,6 +7,7 @@ Values named "auto" are resolved against the machine by the properties below (`t
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
@@ -192,6 +193,10 @@ class EngineConfig:
     schedule_policy: str = _opt("lpm", "admission order: lpm (longest cached prefix first), fcfs, "
                                 "dfs-weight")
     eviction_policy: str = _opt("lru", "which cached prefixes go first when KV runs short")
+    max_cache_retention: float = _opt(86400.0, "longest a client's retention hint (Anthropic cache_control "
+                                      "ttl, OpenAI prompt_cache_retention / prompt_cache_key) keeps a "
+                                      "prefix, in seconds; retained prefixes are evicted only when nothing "
+                                      "unretained is left, never blocking admission; 0 ignores every hint")
     host_kv_size: str | None = _opt(None, "host-memory tier for prefixes evicted from the KV pool, in "
                                     "tokens (200000) or bytes (2GiB); a later request copies them back "
                                     "instead of recomputing them (default: off)")
@@ -267,6 +272,9 @@ class EngineConfig:
         check(self.schedule_policy in SCHEDULE_POLICIES, "schedule_policy", f"must be one of {SCHEDULE_POLICIES}")
         check(self.eviction_policy in EVICTION_POLICIES, "eviction_policy",
               f"must be one of {sorted(EVICTION_POLICIES)}")
+        check(isinstance(self.max_cache_retention, (int, float)) and not isinstance(self.max_cache_retention, bool)
+              and math.isfinite(self.max_cache_retention) and self.max_cache_retention >= 0, "max_cache_retention",
+              "--max-cache-retention must be a finite number of seconds >= 0 (0 ignores retention hints)")
         if self.host_kv_size is not None:
             parse_host_size(self.host_kv_size)
             check(not self.disable_radix_cache, "host_kv_size", "needs the radix cache (disable_radix_cache is set)")

@@ -37,6 +37,7 @@ from radixkv.errors import EngineError, InvalidRequestError, RadixKVError
 from radixkv.logs import setup_logging
 from radixkv.sched import Req, ReqOutput, Scheduler
 from radixkv.results import Collected
+from radixkv.retention import Retention
 from radixkv.sampling_params import LogprobParams, SamplingParams
 from radixkv.sched.loop import AbortRequest, AddRequest, CallScheduler, QueueInbox, SchedulerLoop, Stop
 from radixkv.tokenizer import TextStream, trim_stop_string
@@ -72,15 +73,18 @@ class Engine:
         return_logprob: bool | Sequence[bool] = False,
         logprob_start_len: int | Sequence[int] = -1,
         top_logprobs_num: int | Sequence[int] = 0,
+        retention: Retention | None = None,
     ) -> dict[str, Any] | list[dict[str, Any]]:
         """Generate for one prompt (returns a dict) or a batch (returns a list, in order).
 
         Every request is validated before any runs: a bad one raises `InvalidRequestError`
         naming its index and field, and the engine keeps serving. The log-prob arguments take
-        one value for the batch or one per prompt.
+        one value for the batch or one per prompt. `retention` (for every prompt) asks the
+        cache to keep their prefixes that long (`radixkv.retention`; capped at
+        max_cache_retention).
         """
         reqs, single = self._make_requests(prompt, sampling_params, input_ids, namespace,
-                                           (return_logprob, logprob_start_len, top_logprobs_num))
+                                           (return_logprob, logprob_start_len, top_logprobs_num), retention)
         collected = {r.rid: Collected() for r in reqs}
         final: dict[str, ReqOutput] = {}
         inbox = self._submit(reqs)
@@ -105,6 +109,7 @@ class Engine:
         return_logprob: bool = False,
         logprob_start_len: int = -1,
         top_logprobs_num: int = 0,
+        retention: Retention | None = None,
     ) -> Iterator[dict[str, Any]]:
         """Yield `{"text": delta, "output_ids": new ids, "finished": bool, "meta_info"}` chunks
         for one request as it decodes (log-probs, when asked for, are those of the chunk's
@@ -113,7 +118,7 @@ class Engine:
         if self.tokenizer is None:
             raise InvalidRequestError(f"{self.runner.model_dir} has no tokenizer to stream text with")
         reqs, single = self._make_requests(prompt, sampling_params, input_ids, namespace,
-                                           (return_logprob, logprob_start_len, top_logprobs_num))
+                                           (return_logprob, logprob_start_len, top_logprobs_num), retention)
         if not single:
             raise InvalidRequestError("generate_stream takes a single prompt")
         req = reqs[0]
@@ -298,7 +303,7 @@ class Engine:
 
     # -- helpers ---------------------------------------------------------------------------------
     def _make_requests(self, prompt, sampling_params, input_ids, namespace,
-                       logprob_args=(False, -1, 0)) -> tuple[list[Req], bool]:
+                       logprob_args=(False, -1, 0), retention: Retention | None = None) -> tuple[list[Req], bool]:
         self._check_open()
         if (prompt is None) == (input_ids is None):
             raise InvalidRequestError("give exactly one of prompt or input_ids")
@@ -318,6 +323,8 @@ class Engine:
             ids = [list(input_ids)] if single else [list(x) for x in input_ids]
         if not ids:
             raise InvalidRequestError("the batch is empty")
+        if retention is not None and not isinstance(retention, Retention):
+            raise InvalidRequestError(f"retention must be a radixkv.retention.Retention, got {type(retention).__name__}")
         if isinstance(sampling_params, (list, tuple)):
             if len(sampling_params) != len(ids):
                 raise InvalidRequestError(f"{len(sampling_params)} sampling_params for {len(ids)} prompts")
@@ -342,7 +349,7 @@ class Engine:
         for i, (toks, params, ns, *lp) in enumerate(zip(ids, params_list, namespaces, *per_request)):
             try:
                 req = Req(uuid.uuid4().hex, toks, SamplingParams.from_dict(params), namespace=ns,
-                          logprob=LogprobParams(*lp))
+                          logprob=LogprobParams(*lp), retention=retention)
                 self.scheduler.validate(req)
             except RadixKVError as e:
                 raise type(e)(str(e) if single else f"request [{i}]: {e}") from None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -68,14 +69,32 @@ class Tokenizer:
         return derive_chat_roles(lambda m, gen: self.hf.apply_chat_template(
             m, tokenize=False, add_generation_prompt=gen))
 
+    @property
+    def takes_tools(self) -> bool:
+        """Whether the chat template renders a `tools` list itself (its source reads the variable);
+        for one that does not, the server writes a fallback prompt (`radixkv.server.tools`)."""
+        template = getattr(self.hf, "chat_template", None)
+        return isinstance(template, str) and re.search(r"\btools\b", template) is not None
+
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
                             continue_final_message: bool = False,
-                            template_kwargs: dict[str, Any] | None = None) -> list[int]:
+                            template_kwargs: dict[str, Any] | None = None,
+                            tools: list[dict[str, Any]] | None = None) -> list[int]:
         """Token ids of a conversation rendered by the model's chat template.
 
         `continue_final_message`: the last message (an assistant's) is left open, so generation
         continues its text instead of starting a new turn. `template_kwargs` are the template's
-        own variables (e.g. Qwen3's `enable_thinking`)."""
+        own variables (e.g. Qwen3's `enable_thinking`). `tools`: function descriptions for a
+        template that renders them (`takes_tools`)."""
+        return self._render(messages, add_generation_prompt, continue_final_message, template_kwargs, tools, True)
+
+    def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                    continue_final_message: bool = False, template_kwargs: dict[str, Any] | None = None,
+                    tools: list[dict[str, Any]] | None = None) -> str:
+        """The text `apply_chat_template` tokenizes."""
+        return self._render(messages, add_generation_prompt, continue_final_message, template_kwargs, tools, False)
+
+    def _render(self, messages, add_generation_prompt, continue_final_message, template_kwargs, tools, tokenize):
         if not isinstance(messages, list) or not messages:
             raise InvalidRequestError("messages must be a non-empty list of {role, content} objects")
         for i, m in enumerate(messages):
@@ -91,14 +110,15 @@ class Tokenizer:
                     "conversation", "tools", "documents"} & set(template_kwargs or ())
         if reserved:
             raise InvalidRequestError(f"chat_template_kwargs: {sorted(reserved)} cannot be set there")
+        extra = {"tools": tools} if tools else {}
         try:
             out = self.hf.apply_chat_template(
                 messages, add_generation_prompt=add_generation_prompt and not continue_final_message,
-                continue_final_message=continue_final_message, tokenize=True, return_dict=True,
-                **(template_kwargs or {}))
+                continue_final_message=continue_final_message, tokenize=tokenize, return_dict=tokenize,
+                **extra, **(template_kwargs or {}))
         except (ValueError, TypeError, TemplateError) as e:  # e.g. a template raising on its kwargs
             raise InvalidRequestError(f"the chat template cannot render these messages: {e}") from None
-        return list(out["input_ids"])
+        return list(out["input_ids"]) if tokenize else out
 
 
 _SENTINEL = "\x00radixkv-content\x00"

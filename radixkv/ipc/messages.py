@@ -19,6 +19,7 @@ from typing import Any
 
 from radixkv.ipc.codec import MessageCodec, ProtocolError, record, records
 from radixkv.outputs import ReqOutput, TextOutput
+from radixkv.retention import Retention
 from radixkv.sampling_params import LogprobParams, SamplingParams
 
 __all__ = ["ProtocolError", "decode", "encode"]
@@ -26,13 +27,15 @@ __all__ = ["ProtocolError", "decode", "encode"]
 
 @dataclass(frozen=True, slots=True)
 class GenerateRequest:
-    """Tokenizer manager -> scheduler: a tokenized, validated request."""
+    """Tokenizer manager -> scheduler: a tokenized, validated request (`retention`: how long the
+    client asks its prefixes to stay cached, before the scheduler's cap; None: no hint)."""
 
     rid: str
     input_ids: list[int]
     params: SamplingParams = record(SamplingParams)
     namespace: str | None = None
     logprob: LogprobParams = record(LogprobParams, default=LogprobParams())
+    retention: Retention | None = record(Retention, default=None)
 
 
 @dataclass(frozen=True, slots=True)

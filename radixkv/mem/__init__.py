@@ -1,5 +1,8 @@
 """KV memory: the page allocator, KV pool, request table and prefix caches."""
 
+import time
+from collections.abc import Callable
+
 from radixkv.mem.allocator import PADDING_PAGE, PageAllocator, pages_for_tokens, pages_to_slots
 from radixkv.mem.base import InsertResult, MatchResult, PrefixCache
 from radixkv.mem.eviction import (
@@ -24,14 +27,15 @@ from radixkv.mem.tree_node import TieredNode, TreeNode
 
 def make_prefix_cache(allocator: PageAllocator, eviction_policy: str | EvictionPolicy = "lru",
                       attention_scale: float | None = None, host_tier: HostTier | None = None,
-                      disabled: bool = False) -> PrefixCache:
+                      disabled: bool = False, clock: Callable[[], float] = time.monotonic) -> PrefixCache:
     """The prefix cache a configuration asks for: none (`disabled`), the radix tree, or the tree
-    over a host tier."""
+    over a host tier; `clock` (seconds) is what retention deadlines are read against (a trace
+    replay passes the trace's time)."""
     if disabled:
         return NoCache(allocator)
     if host_tier is not None:
-        return HostTieredCache(allocator, eviction_policy, attention_scale, host_tier)
-    return RadixCache(allocator, eviction_policy, attention_scale)
+        return HostTieredCache(allocator, eviction_policy, attention_scale, host_tier, clock)
+    return RadixCache(allocator, eviction_policy, attention_scale, clock)
 
 
 __all__ = [

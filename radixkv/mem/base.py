@@ -10,6 +10,11 @@ The scheduler drives a request's admission through it, walking the tree once per
     [extend; cache_unfinished ...] -> cache_finished
 
 `match_prefix(key)` is peek + settle + record_use in one call, for simulators and tests.
+
+Retention. A request may carry a `radixkv.retention.Retention` (a client's hint of how long to
+keep its prefixes); `cache_unfinished` / `cache_finished` then `retain` the path they cached, so
+eviction takes those nodes only when nothing unretained is left. A request without one pays one
+`if`.
 """
 
 from __future__ import annotations
@@ -17,10 +22,13 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from radixkv.mem.allocator import PageAllocator
 from radixkv.mem.seq_pages import SeqPages
+
+if TYPE_CHECKING:
+    from radixkv.retention import Retention
 
 Namespace = Any
 """Isolates prefixes: equal tokens under different namespaces never share (LoRA id, cache salt)."""
@@ -109,6 +117,13 @@ class PrefixCache(ABC):
         """
         return self.insert_path(key, pages, namespace).cached_tokens
 
+    def retain(self, match: MatchResult, retention: Retention) -> None:
+        """Keep the path of `match` (settled: it ends on a node; what was just cached) as long as
+        `retention` asks, from now on the cache's clock: for each span, the nodes of its
+        page-aligned part get `retain_until = max(retain_until, now + seconds)` (an edge the
+        aligned span end falls inside is split there). Tokens past the last whole page of a span
+        are not retained. Without a tree (the no-op cache): nothing."""
+
     @abstractmethod
     def lock(self, node: Any) -> None:
         """Pin `node` and its ancestors: they are never evicted while locked."""
@@ -131,6 +146,11 @@ class PrefixCache(ABC):
     @abstractmethod
     def protected_tokens(self) -> int:
         """Cached tokens in locked nodes (in use by running requests)."""
+
+    @property
+    def retained_tokens(self) -> int:
+        """Cached device tokens whose retention deadline is still ahead."""
+        return 0
 
     @property
     def total_tokens(self) -> int:
@@ -158,37 +178,46 @@ class PrefixCache(ABC):
         return num_tokens - num_tokens % self.page_size
 
     def cache_finished(
-        self, key: Sequence[int], seq: SeqPages, last_node: Any, namespace: Namespace = None
+        self, key: Sequence[int], seq: SeqPages, last_node: Any, namespace: Namespace = None,
+        retention: Retention | None = None,
     ) -> None:
         """A request finished: cache its KV'd tokens `key`, unlock its path, drop its pages.
 
         `key` holds the tokens whose KV is in `seq` (prompt + output, minus the last sampled
-        token, which never went through the model). Only whole pages are cached.
+        token, which never went through the model). Only whole pages are cached; with a
+        `retention`, the cached path is retained as it asks (see `retain`).
         """
         n = self.aligned(min(len(key), seq.num_tokens))
-        self.insert_path(key[:n], seq.pages[: n // self.page_size], namespace)
+        inserted = self.insert_path(key[:n], seq.pages[: n // self.page_size], namespace)
+        if retention is not None:
+            self.retain(inserted.match, retention)
         self.unlock(last_node)
         seq.release()
 
     def cache_unfinished(
-        self, key: Sequence[int], seq: SeqPages, last_node: Any, namespace: Namespace = None
+        self, key: Sequence[int], seq: SeqPages, last_node: Any, namespace: Namespace = None,
+        retention: Retention | None = None,
     ) -> MatchResult:
-        """A request is mid-flight (a chunk of its prefill is done): cache what it has so far.
+        """A request is mid-flight (a chunk of its prefill is done): cache what it has so far
+        (retained as `retention` asks, if given).
 
         The sequence switches to the tree's copies of any pages that were already cached, and
         its lock moves from `last_node` to the new deepest node. Returns the new match.
         """
         n = self.aligned(min(len(key), seq.num_tokens))
         match = self.insert_path(key[:n], seq.pages[: n // self.page_size], namespace).match
+        if retention is not None:
+            self.retain(match, retention)
         seq.replace_prefix(match.pages)
         self.lock(match.last_node)
         self.unlock(last_node)
         return match
 
-    def serve_and_cache(self, key: Sequence[int], match: MatchResult) -> bool:
+    def serve_and_cache(self, key: Sequence[int], match: MatchResult, retention: Retention | None = None) -> bool:
         """What a server does with a request whose prefix `match` is cached, for simulators: lock
-        it, take pages for the rest (evicting if needed), "compute", and cache the whole prompt.
-        False when the prompt is larger than everything the pool can free (served, not cached)."""
+        it, take pages for the rest (evicting if needed), "compute", and cache the whole prompt
+        (retained as `retention` asks). False when the prompt is larger than everything the
+        pool can free (served, not cached)."""
         allocator = self.allocator
         self.lock(match.last_node)
         seq = SeqPages.from_prefix(allocator, match.pages, match.num_tokens)
@@ -200,5 +229,5 @@ class PrefixCache(ABC):
             seq.release()
             return False
         seq.extend(len(key) - match.num_tokens)
-        self.cache_finished(key, seq, match.last_node)
+        self.cache_finished(key, seq, match.last_node, retention=retention)
         return True

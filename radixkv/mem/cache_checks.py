@@ -10,12 +10,14 @@ from __future__ import annotations
 from typing import Any
 
 from radixkv.errors import CacheInvariantError
+from radixkv.mem.tree_node import NOT_RETAINED
 
 
 def check_tree(cache: Any, inflight_pages: int | None = None) -> None:
     """Every device-resident node of `cache` (a `RadixCache`) is well formed, the counters and
-    the candidate set agree with the tree, and (given `inflight_pages`, pages held by running
-    requests only) free + cached + in-flight pages == the pool."""
+    the candidate set agree with the tree, retention deadlines never grow down the tree and
+    every candidate's retained flag agrees with the clock, and (given `inflight_pages`, pages
+    held by running requests only) free + cached + in-flight pages == the pool."""
     size = cache.page_size
     seen: set[int] = set()
     evictable = protected = 0
@@ -37,6 +39,9 @@ def check_tree(cache: Any, inflight_pages: int | None = None) -> None:
             raise CacheInvariantError(f"{node}: lock_ref below its children's")
         if node.depth != node.parent.end:
             raise CacheInvariantError(f"{node}: depth {node.depth} != {node.parent.end}")
+        if node.parent is not cache.root and node.retain_until > node.parent.retain_until:
+            raise CacheInvariantError(f"{node}: retained until {node.retain_until}, past its parent's "
+                                      f"{node.parent.retain_until}")
         for p in node.pages:
             if p in seen:
                 raise CacheInvariantError(f"page {p} is owned by two tree nodes")
@@ -56,6 +61,7 @@ def check_tree(cache: Any, inflight_pages: int | None = None) -> None:
     candidates = [entry[1] for entry in cache._candidates]
     if set(candidates) != leaves or len(candidates) != len(leaves):
         raise CacheInvariantError("eviction candidates are not exactly the unlocked leaves")
+    check_retention_flags(cache)
     cache.allocator.check_invariants()
     if inflight_pages is not None:
         total = cache.allocator.free_pages + len(seen) + inflight_pages
@@ -65,6 +71,20 @@ def check_tree(cache: Any, inflight_pages: int | None = None) -> None:
                 f"{total} pages, pool has {cache.allocator.num_pages}")
     elif len(seen) > cache.allocator.used_pages:
         raise CacheInvariantError("the tree holds more pages than are allocated")
+
+
+def check_retention_flags(cache: Any) -> None:
+    """A candidate flagged retained carries its node's deadline (a deadline that moves re-ranks
+    its candidate); one not flagged has a deadline no later than the clock (it was not ahead
+    when ranked, and the clock never goes back)."""
+    now = cache.clock()
+    for (hold, _), _, node in cache._candidates:
+        if hold == NOT_RETAINED:
+            if node.retain_until > now:
+                raise CacheInvariantError(f"{node}: retained until {node.retain_until} (clock {now}), "
+                                          "ranked as not retained")
+        elif hold != node.retain_until:
+            raise CacheInvariantError(f"{node}: ranked as retained until {hold}, retained until {node.retain_until}")
 
 
 def check_host_tier(cache: Any) -> None:

@@ -15,9 +15,10 @@ from radixkv.mem.base import InsertResult, MatchResult, Namespace, PrefixCache
 
 
 class NoCache(PrefixCache):
-    """Caches nothing: every match is empty, every insert is a no-op."""
+    """Caches nothing: every match is empty, every insert is a no-op, nothing is retained."""
 
-    def __init__(self, allocator: PageAllocator, eviction_policy: Any = None, attention_scale: Any = None):
+    def __init__(self, allocator: PageAllocator, eviction_policy: Any = None, attention_scale: Any = None,
+                 clock: Any = None):
         self.allocator = allocator
         self.page_size = allocator.page_size
         self.stats_evicted_tokens = 0

@@ -13,8 +13,20 @@ drops those references; a page is freed once no running request holds it either.
 Locks. `lock(node)` adds one to `lock_ref` of the node and every ancestor (below the root), so
 `lock_ref(node) >= sum(lock_ref(child))`. A node with `lock_ref > 0` is *protected*: a running
 request reads it. A node with `lock_ref == 0` is *evictable*; only evictable *leaves* are
-eviction candidates, kept in a sorted container ordered by the eviction policy's priority.
+eviction candidates, kept in a sorted container ordered by their rank (see Retention).
 Evicting a leaf can turn its parent into a candidate.
+
+Retention. `retain` gives the nodes of a just-cached path a deadline (`retain_until`, seconds
+on the cache's `clock`; a client's hint, `radixkv.retention`). A candidate's rank is
+(retention, policy priority): leaves not retained come first, by the policy; retained leaves
+(deadline ahead) after all of them, earliest deadline first. Retained leaves stay evictable, so
+`evictable_tokens`, admission and reservation never change: a hint cannot block anything.
+Deadlines run out as the clock moves without anything touching the node, so a candidate's
+retained flag can be stale; `evict` first re-ranks every flagged candidate whose deadline has
+passed (each re-rank clears a flag, so it terminates), and then all flags are true at its clock
+reading. A parent's deadline is never earlier than its child's (retaining a node retains its
+path; a split copies the deadline), so a retained leaf's eviction never exposes an unretained
+parent.
 
 Matching. `peek` walks the tree and changes nothing; it may end inside an edge. `settle` splits
 that edge so the match ends on a node (the one a request locks); `record_use` moves the path's
@@ -35,14 +47,19 @@ Invariants (`radixkv.mem.cache_checks`, via `check_invariants`):
   free_pages + evictable_pages + protected_pages + inflight_pages == num_pages
 where inflight pages are held by running requests and not by the tree; each tree page appears
 in exactly one node and has a reference count >= 1; the candidate set is exactly the unlocked
-leaves; `evictable_tokens` / `protected_tokens` equal the sums over unlocked / locked nodes.
+leaves; `evictable_tokens` / `protected_tokens` equal the sums over unlocked / locked nodes; a
+node's `retain_until` is at most its parent's (below the root); a candidate flagged retained
+carries its node's current deadline, and one not flagged has a deadline no later than the clock
+(it was not ahead when ranked, and the clock never goes back).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sortedcontainers import SortedList
 
@@ -52,7 +69,13 @@ from radixkv.mem.cache_checks import check_tree
 from radixkv.mem.base import InsertResult, MatchResult, Namespace, PrefixCache
 from radixkv.mem.cache_events import GPU, CacheEventLog
 from radixkv.mem.eviction import EvictionPolicy, make_policy
-from radixkv.mem.tree_node import TreeNode
+from radixkv.mem.tree_node import NOT_RETAINED, TreeNode
+
+if TYPE_CHECKING:
+    from radixkv.retention import Retention
+
+_FIRST_RETAINED = ((-sys.float_info.max,),)
+"""Sorts after every unretained candidate and before every retained one (for bisection)."""
 
 
 class RadixCache(PrefixCache):
@@ -61,8 +84,9 @@ class RadixCache(PrefixCache):
     node_type: type[TreeNode] = TreeNode
 
     def __init__(self, allocator: PageAllocator, eviction_policy: str | EvictionPolicy = "lru",
-                 attention_scale: float | None = None):
+                 attention_scale: float | None = None, clock: Callable[[], float] = time.monotonic):
         self.allocator = allocator
+        self.clock = clock  # seconds >= 0, never going back: what retention deadlines are read against
         self.page_size = allocator.page_size
         self.policy = make_policy(eviction_policy, attention_scale)
         self.events: CacheEventLog | None = None  # records page changes for KV events, when set
@@ -267,6 +291,7 @@ class RadixCache(PrefixCache):
         upper.lock_ref = child.lock_ref
         upper.hit_count = child.hit_count
         upper.created = child.created
+        upper.retain_until = child.retain_until
         upper.child_key = child.child_key
         if child.page_hashes is not None:
             upper.page_hashes, child.page_hashes = child.page_hashes[: n // size], child.page_hashes[n // size :]
@@ -290,6 +315,38 @@ class RadixCache(PrefixCache):
         if node.candidate is not None:
             self._drop_candidate(node)
             self._add_candidate(node)
+
+    # -- retention -----------------------------------------------------------------------------
+    def retain(self, match: MatchResult, retention: Retention) -> None:
+        now = self.clock()
+        for end, seconds in retention.ends(match.num_tokens):
+            end = self.aligned(end)
+            if end:
+                self._retain_path(self._node_ending_at(match.last_node, end), now + seconds, now)
+
+    def _retain_path(self, node: TreeNode, until: float, now: float) -> None:
+        """`node` and its ancestors kept until `until` at least. Deadlines only grow and a
+        parent's is never earlier than its child's, so the walk stops at the first node already
+        kept as long."""
+        while node is not self.root and node.retain_until < until:
+            node.retain_until = until
+            if node.candidate is not None:
+                self._drop_candidate(node)
+                self._add_candidate(node, now)
+            node = node.parent
+
+    @property
+    def retained_tokens(self) -> int:
+        """Device tokens whose deadline is ahead of the clock (walks only the retained part of
+        the tree: below a node whose deadline has passed, every one has)."""
+        now = self.clock()
+        total, stack = 0, [c for c in self.root.children.values() if c.retain_until > now]
+        while stack:
+            node = stack.pop()
+            if node.on_device:
+                total += len(node.key)
+            stack.extend(c for c in node.children.values() if c.retain_until > now)
+        return total
 
     # -- locks ---------------------------------------------------------------------------------
     def lock(self, node: TreeNode) -> None:
@@ -319,8 +376,17 @@ class RadixCache(PrefixCache):
         """Tier hook: whether no child of `node` holds device pages (so it can be evicted)."""
         return not node.children
 
-    def _add_candidate(self, node: TreeNode) -> None:
-        entry = (self.policy.priority(node, len(node.key)), node.id, node)
+    def _rank(self, node: TreeNode, end: int, now: float | None = None) -> tuple:
+        """Eviction rank of leaf `node` cut to its first `end` tokens (smallest first): not
+        retained at `now` (default: the clock), by the policy's priority; retained, after every
+        unretained leaf, by deadline. The clock is read only for a node that was ever retained."""
+        until = node.retain_until
+        if until and until > (self.clock() if now is None else now):
+            return (until, self.policy.priority(node, end))
+        return (NOT_RETAINED, self.policy.priority(node, end))
+
+    def _add_candidate(self, node: TreeNode, now: float | None = None) -> None:
+        entry = (self._rank(node, len(node.key), now), node.id, node)
         node.candidate = entry
         self._candidates.add(entry)
 
@@ -329,7 +395,8 @@ class RadixCache(PrefixCache):
         node.candidate = None
 
     def evict(self, num_tokens: int) -> int:
-        """Evict from the least valuable leaves until `num_tokens` are freed or none is left.
+        """Evict from the lowest-ranked leaves until `num_tokens` are freed or none is left
+        (retained leaves last; flags gone stale are re-ranked first, see the module docstring).
 
         Eviction is page-granular and takes a leaf's tail first (the deepest tokens, the last
         a future match would reach). When the policy ranks a leaf by its tail page
@@ -340,6 +407,7 @@ class RadixCache(PrefixCache):
         freed = 0
         size = self.page_size
         granular = self.policy.page_granular
+        now = self._expire_retention() if num_tokens > 0 else None
         while freed < num_tokens and self._candidates:
             node = self._candidates.pop(0)[2]
             node.candidate = None
@@ -348,11 +416,11 @@ class RadixCache(PrefixCache):
             if granular:
                 # rank the runner-up afresh: a policy's ranks may drift with its learned state
                 nxt = self._candidates[0][2] if self._candidates else None
-                runner_up = self.policy.priority(nxt, len(nxt.key)) if nxt is not None else None
+                runner_up = self._rank(nxt, len(nxt.key), now) if nxt is not None else None
                 while keep and freed < num_tokens:
                     keep -= size
                     freed += size
-                    if keep and runner_up is not None and self.policy.priority(node, keep) > runner_up:
+                    if keep and runner_up is not None and self._rank(node, keep, now) > runner_up:
                         break
             else:
                 drop = min(keep, -(-(num_tokens - freed) // size) * size)
@@ -362,6 +430,22 @@ class RadixCache(PrefixCache):
             self._evict_tail(node, keep)
         self.stats_evicted_tokens += freed
         return freed
+
+    def _expire_retention(self) -> float | None:
+        """Re-rank the candidates whose deadline has passed since they were ranked, so they rank
+        as any other leaf again; returns the clock reading the flags now hold at (None, and no
+        clock read, when no candidate is flagged retained)."""
+        candidates = self._candidates
+        if not candidates or candidates[-1][0][0] == NOT_RETAINED:  # retained ones sort last
+            return None
+        now = self.clock()
+        while True:
+            i = candidates.bisect_left(_FIRST_RETAINED)  # the earliest deadline among the flagged
+            if i == len(candidates) or candidates[i][0][0] > now:
+                return now
+            node = candidates[i][2]
+            self._drop_candidate(node)
+            self._add_candidate(node, now)
 
     def _evict_tail(self, node: TreeNode, keep: int) -> None:
         """Tier hook: the unlocked leaf `node` gives up its tokens past `keep`."""

@@ -9,6 +9,10 @@ far the key continues on the host (`host_tokens`); `load_back` copies that conti
 fresh device pages (evicting other device pages if it must). The host tier has its own LRU over
 host-only leaves: when it is full, the least recently used ones leave the tree for good.
 
+Retention orders device eviction only (a retained prefix goes to the host once no unretained
+device leaf is left, as in `RadixCache`); the host tier's LRU ignores it. A host-only node keeps
+its deadline, so if it is loaded back before it passes it ranks as retained again.
+
 The `HostTier` decides *where* bytes go (`radixkv.mem.host_tier`); this class decides *what*
 moves. Invariants beyond the tree's: `radixkv.mem.cache_checks.check_host_tier`.
 
@@ -19,7 +23,8 @@ host store before its device removal, so a subscriber never sees the page held n
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from sortedcontainers import SortedList
@@ -40,13 +45,14 @@ class HostTieredCache(RadixCache):
     node_type = TieredNode
 
     def __init__(self, allocator: PageAllocator, eviction_policy: str | EvictionPolicy = "lru",
-                 attention_scale: float | None = None, host_tier: HostTier | None = None):
+                 attention_scale: float | None = None, host_tier: HostTier | None = None,
+                 clock: Callable[[], float] = time.monotonic):
         if host_tier is None:
             raise ValueError("HostTieredCache needs a host tier (use RadixCache without one)")
         if host_tier.page_size != allocator.page_size:
             raise ValueError(f"host tier page_size {host_tier.page_size} != cache page_size {allocator.page_size}")
         self.host = host_tier
-        super().__init__(allocator, eviction_policy, attention_scale)
+        super().__init__(allocator, eviction_policy, attention_scale, clock)
 
     def _init_tree(self) -> None:
         super()._init_tree()

@@ -4,22 +4,27 @@ A node owns its edge: `key` (a tuple of token ids) and `pages` (the page ids sto
 tokens' KV, `len(key) == len(pages) * page_size`). `children` are indexed by their edge's first
 page of tokens (at the root, together with the request's namespace). The tree keeps every other
 field up to date; policies may read them (see `radixkv.mem.eviction`) and keep their own state
-in `meta`.
+in `meta`. `retain_until` is a client's retention hint (`radixkv.retention`), which the cache
+ranks above any policy's priority.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 from typing import Any
 
 _node_ids = itertools.count()
+
+NOT_RETAINED = -math.inf
+"""The retention part of the eviction rank of a candidate not retained: before every deadline."""
 
 
 class TreeNode:
     """One edge of the radix tree (see the module docstring)."""
 
     __slots__ = ("id", "key", "pages", "parent", "children", "child_key", "lock_ref", "last_access",
-                 "hit_count", "created", "depth", "candidate", "meta", "page_hashes")
+                 "hit_count", "created", "depth", "candidate", "meta", "page_hashes", "retain_until")
 
     def __init__(self, key: tuple, pages: list[int], parent: TreeNode | None, now: int):
         self.id = next(_node_ids)
@@ -36,6 +41,9 @@ class TreeNode:
         self.candidate: tuple | None = None  # entry in the eviction candidate set, if any
         self.meta: Any = None  # free for an eviction policy's own per-node state
         self.page_hashes: list[int] | None = None  # one chained hash per page, set once KV events need it
+        # retention deadline, on the cache's clock (seconds; 0.0: never retained): until then the
+        # node is evicted only when no unretained leaf is left. Never earlier than a child's.
+        self.retain_until = 0.0
 
     @property
     def on_device(self) -> bool:

@@ -6,6 +6,7 @@ that touches the page allocator, the request table and the prefix cache.
     grow(req, n)       slots for the next n tokens (pages already reserved)
     cache_chunk(req)   after an extend: the computed prompt goes into the tree (shared at once)
     release(req)       the request's tokens go into the tree, its lock, pages and row back
+                       (both retain what they cached as the request's `retention` asks)
     rollback(req, n)   a forward failed: its n new slots never held KV
 
 Invariant (`check`): free + cached + in-flight pages == the pool, where in-flight pages are held
@@ -127,13 +128,14 @@ class RequestKV:
 
     def cache_chunk(self, req: Req) -> None:
         """After an extend: cache what `req` computed so far; it reads the tree's pages from now."""
-        match = self.cache.cache_unfinished(req.seq_ids[: req.kv_len], req.seq, req.last_node, req.namespace)
+        match = self.cache.cache_unfinished(req.seq_ids[: req.kv_len], req.seq, req.last_node, req.namespace,
+                                            req.retention)
         req.last_node = match.last_node
         self.req_table.write(req.row, 0, req.seq.slots(0, len(match.pages) * self.page_size))
 
     def release(self, req: Req) -> None:
         """Cache what `req` computed, unlock its path, return its pages and row."""
-        self.cache.cache_finished(req.seq_ids[: req.kv_len], req.seq, req.last_node, req.namespace)
+        self.cache.cache_finished(req.seq_ids[: req.kv_len], req.seq, req.last_node, req.namespace, req.retention)
         self.req_table.free(req.row)
         req.seq, req.row, req.last_node, req.kv_len = None, None, None, 0
 
@@ -174,4 +176,5 @@ class RequestKV:
                 "used_tokens": a.total_tokens - a.free_tokens,
                 "token_usage": (a.total_tokens - a.free_tokens) / a.total_tokens,
                 "evictable_tokens": cache.evictable_tokens, "protected_tokens": cache.protected_tokens,
-                "cached_tokens_in_tree": cache.total_tokens, "evicted_tokens": cache.stats_evicted_tokens}
+                "cached_tokens_in_tree": cache.total_tokens, "evicted_tokens": cache.stats_evicted_tokens,
+                "retained_tokens": cache.retained_tokens}

@@ -22,6 +22,7 @@ import torch
 from radixkv.errors import ErrorKind
 from radixkv.mem import SeqPages
 from radixkv.outputs import ReqOutput
+from radixkv.retention import Retention
 from radixkv.sampling_params import LogprobParams, SamplingParams
 from radixkv.sched.logprobs import LogprobState
 
@@ -39,6 +40,7 @@ class Req:
     params: SamplingParams
     namespace: Any = None  # isolates cached prefixes (LoRA id, cache salt)
     logprob: LogprobParams = field(default_factory=LogprobParams)  # which log-probs to report
+    retention: Retention | None = None  # how long to keep its prefixes cached (capped by the scheduler)
     output_ids: list[int] = field(default_factory=list)
     status: ReqStatus = ReqStatus.WAITING
     finish_reason: dict[str, Any] | None = None

@@ -134,6 +134,8 @@ class Scheduler:
         if req.rid in self.reqs:
             raise InvalidRequestError(f"request id {req.rid!r} is already in use")
         self.validate(req)
+        if req.retention is not None:  # --max-cache-retention caps every hint (0: none is kept)
+            req.retention = req.retention.capped(self.config.max_cache_retention) or None
         if self.proposer is not None:
             req.spec = DraftLength.start(self.config.speculative_num_draft_tokens, self.stats.spec_recent_rate)
         spec = req.params.grammar
@@ -325,6 +327,7 @@ class Scheduler:
         return self.stats.to_dict() | {
             "waiting_requests": len(self.waiting) + sum(map(len, self.grammar_waiting.values())),
             "running_requests": len(self.running),
+            "max_cache_retention": self.config.max_cache_retention,
         } | self.kv.stats() | self._host_stats() | self.runner.parallel_stats() | self.runner.compile_stats() | self.runner.moe_stats() | (
             self.kv_events.stats() if self.kv_events is not None else {})
 

@@ -5,10 +5,13 @@ document that describes the request bodies the routes really take.
 |---|---|
 | `native_api.py` | POST /generate, /tokenize, /detokenize, /abort_request |
 | `openai_api.py` | GET /v1/models; POST /v1/chat/completions, /v1/completions |
+| `responses_api.py` | POST /v1/responses; GET, DELETE /v1/responses/{id} |
+| `anthropic_api.py` | POST /v1/messages, /v1/messages/count_tokens |
 | `admin_api.py` | GET /health, /server_info, /metrics; POST /flush_cache |
 
 Every error is `{"error": {"message", "type", "code"}}` with a 4xx/5xx status
-(`http_common.error_of` maps the core's typed errors); a bad request changes nothing in the
+(`http_common.error_of` maps the core's typed errors), except on Anthropic's Messages API,
+whose errors are Anthropic's shape (`error_answer`); a bad request changes nothing in the
 runtime.
 """
 
@@ -23,7 +26,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
 from radixkv.errors import RadixKVError
-from radixkv.server import admin_api, native_api, openai_api, sglang_api
+from radixkv.server import admin_api, anthropic_api, native_api, openai_api, responses_api, sglang_api
 from radixkv.server.http_common import (
     BODY_MODELS,
     DEFAULT_MAX_BODY_BYTES,
@@ -33,6 +36,7 @@ from radixkv.server.http_common import (
     error_response,
 )
 from radixkv.server.metrics import ServerMetrics
+from radixkv.server.response_store import ResponseStore
 from radixkv.server.tokenizer_manager import TokenizerManager
 from radixkv.version import __version__
 
@@ -42,38 +46,53 @@ OPEN_PATHS = ("/health",)
 
 
 class ApiKeyMiddleware:
-    """401 unless `Authorization: Bearer <key>` names one of the keys (every path but /health).
+    """401 unless `Authorization: Bearer <key>` or `x-api-key: <key>` (Anthropic's header) names
+    one of the keys (every path but /health).
 
-    Keys are compared in constant time, all of them every time; the key that matched is the
-    request's principal (`http_common.principal`)."""
+    Keys are compared in constant time, all of them every time, against both headers; the key
+    that matched is the request's principal (`http_common.principal`)."""
 
     def __init__(self, app, api_keys: tuple[str, ...]):
         self.app = app
-        self.expected = [f"Bearer {key}".encode() for key in api_keys]
+        self.keys = [key.encode() for key in api_keys]
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http" and scope["path"] not in OPEN_PATHS:
-            given = dict(scope["headers"]).get(b"authorization", b"")
+            headers = dict(scope["headers"])
+            bearer, api_key = headers.get(b"authorization"), headers.get(b"x-api-key")
             matched = None
-            for i, expected in enumerate(self.expected):
-                if secrets.compare_digest(given, expected) and matched is None:
+            for i, key in enumerate(self.keys):
+                by_bearer = bearer is not None and secrets.compare_digest(bearer, b"Bearer " + key)
+                by_api_key = api_key is not None and secrets.compare_digest(api_key, key)
+                if (by_bearer or by_api_key) and matched is None:
                     matched = i
             if matched is None:
-                response = error_response(401, "missing or wrong API key: send 'Authorization: Bearer <key>' "
-                                               "(the server was started with --api-key)", "authentication_error")
+                response = error_answer(scope["path"], 401, "missing or wrong API key: send 'Authorization: Bearer "
+                                        "<key>' or 'x-api-key: <key>' (the server was started with --api-key)",
+                                        "authentication_error")
                 await response(scope, receive, send)
                 return
             scope.setdefault("state", {})["principal"] = f"key{matched}"
         await self.app(scope, receive, send)
 
 
+def error_answer(path: str, status: int, message: str, kind: str) -> JSONResponse:
+    """An error in the shape of the API `path` belongs to: Anthropic's on its Messages API
+    (`anthropic_api.serves`), ours everywhere else."""
+    if anthropic_api.serves(path):
+        return anthropic_api.error_response(status, message)
+    return error_response(status, message, kind)
+
+
 def create_app(manager: TokenizerManager, settings: ServerSettings, metrics: ServerMetrics) -> FastAPI:
     app = FastAPI(title="radixkv", version=__version__, docs_url=None, redoc_url=None)
     app.state.manager, app.state.settings, app.state.metrics = manager, settings, metrics
     app.state.child_pids, app.state.ipc_directory = {}, None
+    app.state.responses = ResponseStore(settings.responses_store_size, settings.responses_store_ttl)
     if settings.api_keys:
         app.add_middleware(ApiKeyMiddleware, api_keys=settings.api_keys)
-    for router in (native_api.router, openai_api.router, admin_api.router, sglang_api.router):
+    for router in (native_api.router, openai_api.router, responses_api.router, anthropic_api.router,
+                   admin_api.router, sglang_api.router):
         app.include_router(router)
 
     @app.exception_handler(RadixKVError)
@@ -83,7 +102,7 @@ def create_app(manager: TokenizerManager, settings: ServerSettings, metrics: Ser
         status, message, kind = error_of(e)
         if status >= 500:
             logger.error("%s %s -> %d: %s", request.method, request.url.path, status, message)
-        return error_response(status, message, kind)
+        return error_answer(request.url.path, status, message, kind)
 
     @app.exception_handler(ClientDisconnected)
     async def client_left(request: Request, e: Exception) -> Response:
@@ -91,11 +110,12 @@ def create_app(manager: TokenizerManager, settings: ServerSettings, metrics: Ser
 
     @app.exception_handler(404)
     async def not_found(request: Request, exc) -> JSONResponse:
-        return error_response(404, f"no endpoint {request.method} {request.url.path}", "not_found")
+        return error_answer(request.url.path, 404, f"no endpoint {request.method} {request.url.path}", "not_found")
 
     @app.exception_handler(405)
     async def wrong_method(request: Request, exc) -> JSONResponse:
-        return error_response(405, f"{request.url.path} does not take {request.method}", "invalid_request_error")
+        return error_answer(request.url.path, 405, f"{request.url.path} does not take {request.method}",
+                            "invalid_request_error")
 
     app.openapi = lambda: openapi_document(app)
     return app

@@ -37,6 +37,8 @@ class ServerSettings:
     api_keys: tuple[str, ...] = ()  # each a principal; none: every client is the same one
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT  # seconds a SIGTERM waits for requests in flight
+    responses_store_size: int = 1024  # stored Responses API responses (previous_response_id), at most
+    responses_store_ttl: float = 3600.0  # seconds a stored response is kept
 
 
 class HTTPError(RadixKVError):
@@ -219,6 +221,11 @@ async def first_then_rest(request: Request, items: AsyncIterator[T]) -> tuple[T 
 # -- server-sent events ----------------------------------------------------------------------------
 def sse(obj: Any) -> bytes:
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n".encode()
+
+
+def named_sse(event: str, data: dict[str, Any]) -> bytes:
+    """One server-sent event with an `event:` name (the Responses and Anthropic streams)."""
+    return f"event: {event}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n".encode()
 
 
 async def event_stream(events: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:

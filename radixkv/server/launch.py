@@ -269,12 +269,13 @@ async def _serve(config: EngineConfig, host: str, port: int, settings) -> int:
 
 def serve(config: EngineConfig, host: str = "127.0.0.1", port: int = 30000, api_keys: tuple[str, ...] = (),
           served_model_name: str | None = None, max_body_bytes: int | None = None,
-          shutdown_timeout: float = 30.0) -> int:
+          shutdown_timeout: float = 30.0, responses_store_size: int = 1024, responses_store_ttl: float = 3600.0) -> int:
     """Run the server until SIGTERM (drains) or SIGINT; returns the process exit code."""
     from radixkv.logs import setup_logging
     from radixkv.model.loader import resolve_model_dir
     from radixkv.procs import quiet_compute_threads
     from radixkv.server.http_common import DEFAULT_MAX_BODY_BYTES, ServerSettings
+    from radixkv.server.response_store import ResponseStore
 
     setup_logging(config.log_level)
     signal.signal(signal.SIGTERM, _exit_on_sigterm)  # until the server's own handlers drain instead
@@ -284,6 +285,7 @@ def serve(config: EngineConfig, host: str = "127.0.0.1", port: int = 30000, api_
         raise ConfigError(f"--max-body-bytes {max_body_bytes}: must be at least 1024")
     if not 0 <= shutdown_timeout <= 24 * 3600:
         raise ConfigError(f"--shutdown-timeout {shutdown_timeout}: must be in [0, 86400] seconds")
+    ResponseStore(responses_store_size, responses_store_ttl)  # its bounds, checked before the model loads
     if any(not key for key in api_keys):
         raise ConfigError("--api-key: a key must not be empty")
     check_port_free(host, port)
@@ -293,7 +295,8 @@ def serve(config: EngineConfig, host: str = "127.0.0.1", port: int = 30000, api_
     model_dir = resolve_model_dir(config.model, config.cache_dir)  # converts a GGUF once, with progress
     name = served_model_name or (DEFAULT_MODEL_NAME if config.model is None else Path(config.model).stem)
     config = replace(config, model=str(model_dir))
-    settings = ServerSettings(name, tuple(api_keys), max_body_bytes or DEFAULT_MAX_BODY_BYTES, shutdown_timeout)
+    settings = ServerSettings(name, tuple(api_keys), max_body_bytes or DEFAULT_MAX_BODY_BYTES, shutdown_timeout,
+                              responses_store_size, responses_store_ttl)
     quiet_compute_threads()  # the HTTP process only tokenizes and routes; children set their own
     try:
         import torch

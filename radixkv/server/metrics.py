@@ -33,6 +33,8 @@ class ServerMetrics:
                 ("free_tokens", "Free KV pool tokens"),
                 ("evictable_tokens", "Cached tokens no running request reads"),
                 ("protected_tokens", "Cached tokens locked by running requests"),
+                ("retained_tokens", "Cached tokens a retention hint (cache_control ttl, prompt_cache_retention) "
+                 "still keeps: evicted only when nothing unretained is left"),
                 ("total_tokens", "KV pool capacity in tokens"),
                 ("cache_hit_rate", "Prompt tokens served from the cache / prompt tokens, since start"),
                 ("device_hit_tokens", "Prompt tokens served from the KV pool, since start"),

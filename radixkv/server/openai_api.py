@@ -19,6 +19,7 @@ from fastapi import APIRouter, Request
 
 from radixkv.errors import EngineError, InvalidRequestError, RadixKVError
 from radixkv.results import Collected
+from radixkv.retention import CONVERSATION_SECONDS, Retention
 from radixkv.sampling_params import LogprobParams, SamplingParams
 from radixkv.server.http_common import (
     HTTPError,
@@ -39,7 +40,9 @@ from radixkv.server.protocol import (
     salt_namespace,
     sampling_dict,
 )
+from radixkv.server.conversation import render_ids
 from radixkv.server.tokenizer_manager import Chunk, TokenizerManager
+from radixkv.server.tools import CallStream, ToolCall, ToolSet, openai_tool_set
 
 router = APIRouter()
 T = TypeVar("T")
@@ -47,6 +50,18 @@ T = TypeVar("T")
 
 def finish_reason_name(reason: dict[str, Any] | None) -> str | None:
     return None if reason is None else reason.get("type")
+
+
+def chat_finish_reason(reason: dict[str, Any] | None, called: bool) -> str | None:
+    """OpenAI's chat finish reason: `tool_calls` when the output ended (not cut) on calls."""
+    name = finish_reason_name(reason)
+    return "tool_calls" if called and name == "stop" else name
+
+
+def call_json(call: ToolCall, index: int | None = None) -> dict[str, Any]:
+    """A tool call as OpenAI's chat API shows it (with `index` in a stream's delta)."""
+    out = {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+    return out if index is None else {"index": index, **out}
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
@@ -58,21 +73,25 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dic
 class Job:
     """One prompt and its n samples, validated; knows how much of the prompt was cached.
     `namespace`: the request's `cache_salt` namespace (None: the shared tree); `echo`: the
-    prompt's text, to put before each completion (OpenAI's `echo`)."""
+    prompt's text, to put before each completion (OpenAI's `echo`); `retention`: how long the
+    cache is asked to keep its prefixes (`radixkv.retention`)."""
 
     def __init__(self, ids: list[int], params: list[SamplingParams], logprob: LogprobParams,
-                 namespace: str | None = None, echo: str | None = None):
+                 namespace: str | None = None, echo: str | None = None, retention: Retention | None = None):
         self.ids, self.params, self.logprob, self.namespace, self.echo = ids, params, logprob, namespace, echo
+        self.retention = retention
         self.cached_tokens: int | None = None  # of the prompt, before this request (n > 1)
 
     async def prefill_if_shared(self, manager: TokenizerManager) -> None:
         """n > 1: compute the prompt once, so every sample reads it from the cache."""
         if len(self.params) > 1:
-            _, _, last = await manager.generate(self.ids, SamplingParams(max_new_tokens=0), namespace=self.namespace)
+            _, _, last = await manager.generate(self.ids, SamplingParams(max_new_tokens=0), namespace=self.namespace,
+                                                retention=self.retention)
             self.cached_tokens = last.cached_tokens
 
     def generate(self, manager: TokenizerManager, params: SamplingParams):
-        return manager.generate(self.ids, params, namespace=self.namespace, logprob=self.logprob)
+        return manager.generate(self.ids, params, namespace=self.namespace, logprob=self.logprob,
+                                retention=self.retention)
 
     def streams(self, first_index: int = 0) -> list[tuple[int, Job, SamplingParams]]:
         return [(first_index + j, self, p) for j, p in enumerate(self.params)]
@@ -86,17 +105,42 @@ def check_model(request: Request, name: str) -> None:
 
 
 def jobs_for(manager: TokenizerManager, prompts: list[list[int]], body, max_tokens: int | None,
-             echoes: list[str | None] | None = None) -> list[Job]:
+             echoes: list[str | None] | None = None, tools: ToolSet | None = None) -> list[Job]:
+    """One `Job` per prompt; with `tools` forced (`required` or a named function), every sample
+    is generated under the tools' call grammar."""
     check_choices(body)
     jobs = []
     logprob = body.logprob_params()
     namespace = salt_namespace(body.cache_salt)
+    retention = openai_retention(body.prompt_cache_retention, body.prompt_cache_key)
     for ids, echo in zip(prompts, echoes or [None] * len(prompts)):
         max_new = max_tokens if max_tokens is not None else max(0, manager.limits.context_length - len(ids))
-        params = [SamplingParams.from_dict(sampling_dict(body, max_new, j)) for j in range(body.n)]
+        dicts = [sampling_dict(body, max_new, j) for j in range(body.n)]
+        if tools is not None and tools.forced:
+            dicts = [with_call_grammar(d, tools) for d in dicts]
+        params = [SamplingParams.from_dict(d) for d in dicts]
         manager.check(ids, params[0], logprob)
-        jobs.append(Job(ids, params, logprob, namespace, echo))
+        jobs.append(Job(ids, params, logprob, namespace, echo, retention))
     return jobs
+
+
+def with_call_grammar(params: dict[str, Any], tools: ToolSet) -> dict[str, Any]:
+    """`params` constrained to the tools' call grammar (`tool_choice` required or named)."""
+    given = [name for name in ("regex", "json_schema", "ebnf") if name in params]
+    if given:
+        raise InvalidRequestError(f"tool_choice={tools.choice.mode!r} constrains the output to a tool call; it "
+                                  f"cannot be combined with {given[0] if given[0] != 'json_schema' else 'response_format'}")
+    return {**params, "ebnf": tools.grammar()}
+
+
+def openai_retention(retention: str | None, cache_key: str | None) -> Retention | None:
+    """OpenAI's `prompt_cache_retention` ("in_memory": minutes, "24h"), or a `prompt_cache_key`
+    conversation (kept a few minutes): the whole sequence, prompt and output, is retained."""
+    if retention is not None:
+        return Retention.whole(Retention.named(retention, "prompt_cache_retention"))
+    if cache_key is not None:
+        return Retention.whole(CONVERSATION_SECONDS)
+    return None
 
 
 @router.get("/v1/models")
@@ -130,19 +174,26 @@ async def chat_completions(request: Request):
     if not body.messages:
         raise InvalidRequestError("messages must not be empty")
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-    prompt = manager.encode_chat([m.template_message() for m in body.messages], body.continue_final_message,
-                                 body.chat_template_kwargs)
-    (job,) = jobs_for(manager, [prompt], body, max_tokens)
+    tools = openai_tool_set(body.tools, body.tool_choice, body.parallel_tool_calls)
+    messages = [m.template_message(f"messages[{i}]") for i, m in enumerate(body.messages)]
+    prompt = render_ids(manager.tokenizer, messages, tools, continue_final_message=body.continue_final_message,
+                        template_kwargs=body.chat_template_kwargs)
+    (job,) = jobs_for(manager, [prompt], body, max_tokens, tools=tools)
     meta = response_meta(request, "chatcmpl")
     await until_disconnected(request, job.prefill_if_shared(manager))
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         chunks = await started(request, merged(manager, job.streams()))
-        return streaming_response(chat_events(manager, job, chunks, meta, include_usage))
+        return streaming_response(chat_events(manager, job, chunks, meta, include_usage, tools))
     results = await until_disconnected(request, all_or_none(*(job.generate(manager, p) for p in job.params)))
-    choices = [{"index": j, "message": {"role": "assistant", "content": text},
-                "logprobs": chat_logprobs(manager, job, got), "finish_reason": finish_reason_name(last.finish_reason)}
-               for j, (text, got, last) in enumerate(results)]
+    choices = []
+    for j, (text, got, last) in enumerate(results):
+        content, calls = tools.parse(text) if tools is not None else (text, [])
+        message: dict[str, Any] = {"role": "assistant", "content": content}
+        if calls:
+            message["tool_calls"] = [call_json(c) for c in calls]
+        choices.append({"index": j, "message": message, "logprobs": chat_logprobs(manager, job, got),
+                        "finish_reason": chat_finish_reason(last.finish_reason, bool(calls))})
     return {**meta, "object": "chat.completion", "choices": choices,
             "usage": usage(len(job.ids), sum(r[2].completion_tokens for r in results),
                            job_cached(job, [r[2] for r in results]))}
@@ -248,7 +299,8 @@ async def merged(manager: TokenizerManager, streams: list[tuple[int, Job, Sampli
 
     async def pump(index: int, job: Job, params: SamplingParams) -> None:
         try:
-            async for chunk in manager.stream(job.ids, params, namespace=job.namespace, logprob=job.logprob):
+            async for chunk in manager.stream(job.ids, params, namespace=job.namespace, logprob=job.logprob,
+                                              retention=job.retention):
                 await queue.put((index, chunk))
         except RadixKVError as e:
             await queue.put((index, e))
@@ -283,30 +335,45 @@ async def started(request: Request, chunks: AsyncIterator[tuple[int, Chunk]]) ->
 
 
 async def chat_events(manager: TokenizerManager, job: Job, chunks: AsyncIterator[tuple[int, Chunk]], meta: dict,
-                      include_usage: bool) -> AsyncIterator[dict[str, Any]]:
+                      include_usage: bool, tools: ToolSet | None = None) -> AsyncIterator[dict[str, Any]]:
     """A choice's first chunk carries its first text (with the role), never an empty delta: clients
     time the first token by the first chunk. A chunk whose tokens' text is still held back (a
-    partial character, a possible stop string) is sent only when it has log-probs to carry."""
+    partial character, a possible stop string, a possible tool call) is sent only when it has
+    log-probs to carry. With tools, a call is sent as one `tool_calls` delta once its block closes."""
     base = {**meta, "object": "chat.completion.chunk"}
     lasts: dict[int, Chunk] = {}
     opened: set[int] = set()
+    readers = {j: CallStream(tools) for j in range(len(job.params))} if tools is not None and tools.parses_calls \
+        else {}
+    calls_sent: dict[int, int] = {}
 
-    def delta(j: int, text: str) -> dict[str, Any]:
+    def delta(j: int, text: str | None) -> dict[str, Any]:
         if j in opened:
             return {"content": text}
         opened.add(j)
         return {"role": "assistant", "content": text}
 
     async for j, chunk in chunks:
-        if chunk.text or (chunk.new_ids and job.logprob.return_logprob):
+        text, calls = chunk.text, []
+        if j in readers:
+            shown = readers[j].push(chunk.text) + (readers[j].finish() if chunk.finished else [])
+            text = "".join(e for e in shown if isinstance(e, str))
+            calls = [e for e in shown if isinstance(e, ToolCall)]
+        if text or calls or (chunk.new_ids and job.logprob.return_logprob):
             piece = Collected()
             piece.add(chunk)
-            yield {**base, "choices": [{"index": j, "delta": delta(j, chunk.text),
+            d = delta(j, text if text or not calls else None)
+            if calls:
+                first = calls_sent.get(j, 0)
+                d["tool_calls"] = [call_json(c, first + k) for k, c in enumerate(calls)]
+                calls_sent[j] = first + len(calls)
+            yield {**base, "choices": [{"index": j, "delta": d,
                                         "logprobs": chat_logprobs(manager, job, piece), "finish_reason": None}]}
         if chunk.finished:
             lasts[j] = chunk
             yield {**base, "choices": [{"index": j, "delta": {} if j in opened else delta(j, ""), "logprobs": None,
-                                        "finish_reason": finish_reason_name(chunk.finish_reason)}]}
+                                        "finish_reason": chat_finish_reason(chunk.finish_reason,
+                                                                            bool(calls_sent.get(j)))}]}
     if include_usage:
         finals = [lasts[j] for j in sorted(lasts)]
         yield {**base, "choices": [], "usage": usage(len(job.ids), sum(c.completion_tokens for c in finals),

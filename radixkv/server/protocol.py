@@ -146,10 +146,23 @@ class TextPart(Strict):
     text: str
 
 
+class FunctionCall(Strict):
+    name: str
+    arguments: str  # JSON text of an object, as OpenAI sends it
+
+
+class ChatToolCall(Strict):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(Strict):
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: str | list[TextPart] | None = None
     name: str | None = None  # a participant's name: given to the chat template (most templates ignore it)
+    tool_calls: list[ChatToolCall] | None = None  # an assistant's calls
+    tool_call_id: str | None = None  # a tool message: the call it answers
 
     def text(self) -> str:
         if self.content is None:
@@ -158,12 +171,36 @@ class ChatMessage(Strict):
             return self.content
         return "".join(part.text for part in self.content)
 
-    def template_message(self) -> dict[str, str]:
+    def template_message(self, where: str = "message") -> dict[str, Any]:
         """As a chat template takes it (OpenAI's `developer` role is a system message)."""
-        message = {"role": "system" if self.role == "developer" else self.role, "content": self.text()}
+        message: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role, "content": self.text()}
         if self.name is not None:
             message["name"] = self.name
+        if self.tool_calls:
+            if self.role != "assistant":
+                raise InvalidRequestError(f"{where}.tool_calls: only an assistant message holds tool calls")
+            message["tool_calls"] = [{"id": c.id, "type": "function", "function": {
+                "name": c.function.name, "arguments": json_arguments(c.function.arguments,
+                                                                      f"{where}.tool_calls[{i}].function.arguments")}}
+                for i, c in enumerate(self.tool_calls)]
+        if self.role == "tool":
+            if self.tool_call_id is None:
+                raise InvalidRequestError(f"{where}.tool_call_id: required in a tool message (the call it answers)")
+            message["tool_call_id"] = self.tool_call_id
         return message
+
+
+def json_arguments(text: str, where: str) -> dict[str, Any]:
+    """A call's arguments (JSON text of an object) as a dict; 400 naming `where` otherwise."""
+    import json
+
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        raise InvalidRequestError(f"{where}: not JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise InvalidRequestError(f"{where}: must be a JSON object")
+    return value
 
 
 class TokenizeBody(Strict):
@@ -193,7 +230,8 @@ class SamplingFields(Strict):
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
     user: str | None = None  # the end user's id: accepted, informational (no per-request log is kept)
-    prompt_cache_key: str | None = None  # OpenAI's cache-routing hint: the router pins on it; one server ignores it
+    prompt_cache_key: str | None = None  # OpenAI's: the router pins on it; the conversation is retained a while
+    prompt_cache_retention: Literal["in_memory", "24h"] | None = None  # OpenAI's: how long the prompt stays cached
     cache_salt: str | None = None  # vLLM's and SGLang's: prefixes are shared only among requests with this salt
     # extensions (as in SGLang and vLLM)
     top_k: int | None = None
@@ -231,6 +269,9 @@ class ChatCompletionBody(SamplingFields):
     # SGLang's reasoning split: there is no reasoning parser here, so content is never split (a no-op)
     separate_reasoning: bool = True
     stream_reasoning: bool = True
+    tools: list[dict[str, Any]] | None = None  # function tools (see radixkv.server.tools)
+    tool_choice: str | dict[str, Any] | None = None  # auto, none, required, or {"type": "function", ...}
+    parallel_tool_calls: bool | None = None
 
     def logprob_params(self) -> LogprobParams:
         if self.top_logprobs and not self.logprobs:
@@ -253,8 +294,7 @@ class CompletionBody(SamplingFields):
 
 
 MAX_N = 16
-UNSUPPORTED_CHAT = ("logit_bias", "tools", "tool_choice", "parallel_tool_calls",
-                    "functions", "function_call", "audio", "modalities", "prediction",
+UNSUPPORTED_CHAT = ("logit_bias", "functions", "function_call", "audio", "modalities", "prediction",
                     "store", "metadata", "service_tier", "reasoning_effort", "web_search_options")
 UNSUPPORTED_COMPLETION = ("best_of", "suffix", "logit_bias")
 

@@ -40,6 +40,7 @@ from radixkv.ipc import (
 )
 from radixkv.outputs import TextOutput
 from radixkv.results import Collected
+from radixkv.retention import Retention
 from radixkv.sampling_params import LogprobParams, SamplingParams
 from radixkv.server.sockets import Endpoints
 from radixkv.validation import RequestLimits, check_request
@@ -138,9 +139,11 @@ class TokenizerManager:
 
     async def stream(self, input_ids: list[int], params: SamplingParams, rid: str | None = None,
                      namespace: str | None = None, logprob: LogprobParams = NO_LOGPROBS,
-                     principal: str = "") -> AsyncIterator[Chunk]:
+                     principal: str = "", retention: Retention | None = None) -> AsyncIterator[Chunk]:
         """Chunks of one request as they decode (named `rid` if the client named it). Leaving
         early (a client that disconnects) aborts the request, so its pages come back.
+        `retention`: how long the client asks its prefixes to stay cached (the scheduler caps
+        it at --max-cache-retention).
 
         Only a dead runtime refuses here: a request `check` accepted before draining began may
         still start its parts (the samples of n > 1 after their shared prefill)."""
@@ -155,7 +158,7 @@ class TokenizerManager:
         self.queues[request_id] = queue
         finished = False
         try:
-            self._send(GenerateRequest(request_id, input_ids, params, namespace, logprob))
+            self._send(GenerateRequest(request_id, input_ids, params, namespace, logprob, retention))
             while not finished:
                 chunk = await queue.get()
                 finished = chunk.finished
@@ -172,11 +175,11 @@ class TokenizerManager:
 
     async def generate(self, input_ids: list[int], params: SamplingParams, rid: str | None = None,
                        namespace: str | None = None, logprob: LogprobParams = NO_LOGPROBS,
-                       principal: str = "") -> tuple[str, Collected, Chunk]:
+                       principal: str = "", retention: Retention | None = None) -> tuple[str, Collected, Chunk]:
         """(text, everything it produced, last chunk) of one request; raises its error, if any."""
         text, collected = [], Collected()
         last = None
-        async for chunk in self.stream(input_ids, params, rid, namespace, logprob, principal):
+        async for chunk in self.stream(input_ids, params, rid, namespace, logprob, principal, retention):
             text.append(chunk.text)
             collected.add(chunk)
             last = chunk

@@ -3,6 +3,9 @@
 Each request, in file order, does what the scheduler does for it: match its prompt, lock the
 match, allocate pages for the rest (evicting unlocked leaves when short), then cache the whole
 prompt and unlock. A prompt larger than the whole pool is served uncached.
+
+The cache's clock is the trace's time (`timestamp`, ms), so retention hints (`hints`) run out
+as they would have in the traced service.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from radixkv.mem import (
     make_prefix_cache,
 )
 from radixkv.mem.host_tier import HostTier, HostTierConfig
+from radixkv.retention import Retention
 from radixkv.workloads.trace import BLOCK_SIZE, TraceRequest, expand_tokens, rehash
 
 OFFLINE_POLICIES = ("belady", "reuse-oracle")
@@ -31,6 +35,22 @@ OFFLINE_POLICIES = ("belady", "reuse-oracle")
 (only whether it is ever used again; LRU among those that are) -- bounds, not runtime options."""
 BOUNDS = ("none", "inf")
 """Pseudo-policies: `none` disables the cache, `inf` gives it room for the whole trace."""
+HINTS = ("none", "oracle", "all")
+"""Retention hints a replay's requests carry: none; `oracle`: `Retention.whole(hint_seconds)` on
+each request whose cached prompt a later request holds whole (what a client that knows its
+conversation goes on would send); `all`: that hint on every request (blanket hints)."""
+
+
+class TraceClock:
+    """The cache's clock in a replay: the current request's trace time, in seconds."""
+
+    __slots__ = ("seconds",)
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+    def __call__(self) -> float:
+        return self.seconds
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +70,9 @@ class ReplayResult:
     prefill_work_saved: float  # cost of the tokens served from the cache
     host_capacity_tokens: int = 0  # the host tier (0: none)
     host_hit_tokens: int = 0  # of `hit_tokens`, copied back from the host tier
+    hints: str = "none"  # retention hints the requests carried (see HINTS)
+    hint_seconds: float = 0.0  # how long each hint asked to keep its request's prefixes
+    hinted_requests: int = 0
 
     @property
     def device_hit_tokens(self) -> int:
@@ -99,11 +122,23 @@ class BeladyOracle:
 
     def __call__(self, node: TreeNode, end: int) -> float:
         h, offset = self._block_of(node, node.depth + end - 1)
+        return self._next_use(h, offset, self.now)
+
+    def _next_use(self, h: int, offset: int, after: int) -> float:
+        """The first request after the `after`-th whose block `h` reaches token `offset` of it."""
         idx, lens = self._uses.get(h, ((), ()))
-        for j in range(bisect.bisect_right(idx, self.now), len(idx)):
+        for j in range(bisect.bisect_right(idx, after), len(idx)):
             if lens[j] > offset:
                 return float(idx[j])
         return math.inf
+
+    def continued(self, i: int, req: TraceRequest, tokens: int) -> bool:
+        """Whether a request after the `i`-th (`req`) holds the first `tokens` tokens of `req`'s
+        prompt: a later turn of its conversation reuses all of it that was cached."""
+        if tokens <= 0:
+            return False
+        last = tokens - 1
+        return self._next_use(req.hash_ids[last // self.block_size], last % self.block_size, i) != math.inf
 
 
 class ReuseOraclePolicy(EvictionPolicy):
@@ -129,7 +164,9 @@ def build_cache(
     attention_scale: float | None = None,
     host_capacity_tokens: int = 0,
     host_write_policy: str = "write-back",
+    clock: Callable[[], float] | None = None,
 ) -> tuple[PrefixCache, BeladyOracle | None]:
+    clock = clock or TraceClock()
     if policy in BOUNDS:  # room for the whole trace: nothing is ever evicted
         capacity_tokens = sum(r.input_length for r in trace) + page_size
     allocator = PageAllocator(max(1, capacity_tokens // page_size), page_size)
@@ -139,12 +176,12 @@ def build_cache(
     if policy == "none":
         return make_prefix_cache(allocator, disabled=True), None
     if policy == "inf":
-        return make_prefix_cache(allocator, "lru", host_tier=host), None
+        return make_prefix_cache(allocator, "lru", host_tier=host, clock=clock), None
     if policy in OFFLINE_POLICIES:
         oracle = BeladyOracle(trace, block_size)
         rule = BeladyPolicy(oracle) if policy == "belady" else ReuseOraclePolicy(oracle)
-        return make_prefix_cache(allocator, rule, host_tier=host), oracle
-    return make_prefix_cache(allocator, make_policy(policy, attention_scale), host_tier=host), None
+        return make_prefix_cache(allocator, rule, host_tier=host, clock=clock), oracle
+    return make_prefix_cache(allocator, make_policy(policy, attention_scale), host_tier=host, clock=clock), None
 
 
 def replay(
@@ -158,26 +195,35 @@ def replay(
     check_every: int = 0,
     host_capacity_tokens: int = 0,
     host_write_policy: str = "write-back",
+    hints: str = "none",
+    hint_seconds: float = 300.0,
 ) -> ReplayResult:
     """Replay `trace` through a cache of `capacity_tokens`; `check_every` > 0 runs the
     invariant check every that many requests (slow; for tests). With `host_capacity_tokens`,
     evicted prefixes go to a host tier of that size and matches load them back (counted as
-    hits, and separately as `host_hit_tokens`).
+    hits, and separately as `host_hit_tokens`). `hints` (one of HINTS) gives requests a
+    retention hint of `hint_seconds`, read against the trace's time.
 
     A trace with real `input_ids` is first rehashed at page granularity, so the replay shares
     exactly the pages the real tokens would share.
     """
     if trace and all(r.input_ids is not None for r in trace):
         trace, block_size = rehash(trace, page_size), page_size
+    if hints not in HINTS:
+        raise ValueError(f"hints={hints!r}: must be one of {HINTS}")
+    clock = TraceClock()
     cache, oracle = build_cache(policy, capacity_tokens, page_size, trace, block_size, attention_scale,
-                                host_capacity_tokens, host_write_policy)
+                                host_capacity_tokens, host_write_policy, clock)
     allocator = cache.allocator
     name = policy if isinstance(policy, str) else policy.name
-    hit_tokens = prompt_tokens = uncached = host_hits = 0
+    hint = Retention.whole(hint_seconds)
+    future = (oracle or BeladyOracle(trace, block_size)) if hints == "oracle" else None
+    hit_tokens = prompt_tokens = uncached = host_hits = hinted = 0
     work = saved = 0.0
     start = time.perf_counter()
     for i, req in enumerate(trace):
         key = expand_tokens(req, block_size)
+        clock.seconds = req.timestamp / 1000
         if oracle is not None:
             oracle.now = i
         match = cache.match_prefix(key)
@@ -189,7 +235,10 @@ def replay(
         prompt_tokens += len(key)
         work += token_cost_prefix_sum(len(key), attention_scale)
         saved += token_cost_prefix_sum(match.num_tokens, attention_scale)
-        uncached += not cache.serve_and_cache(key, match)
+        retention = None
+        if hints == "all" or (future is not None and future.continued(i, req, cache.aligned(len(key)))):
+            retention, hinted = hint, hinted + 1
+        uncached += not cache.serve_and_cache(key, match, retention)
         if check_every and i % check_every == 0:
             cache.check_invariants(inflight_pages=0)
         if progress is not None:
@@ -211,4 +260,7 @@ def replay(
         prefill_work_saved=saved,
         host_capacity_tokens=host_capacity_tokens,
         host_hit_tokens=host_hits,
+        hints=hints,
+        hint_seconds=hint_seconds if hints != "none" else 0.0,
+        hinted_requests=hinted,
     )

@@ -19,11 +19,13 @@ from radixkv.ipc import (
 )
 from radixkv.errors import ErrorKind
 from radixkv.outputs import ReqOutput, TextOutput
+from radixkv.retention import WHOLE, Retention
 from radixkv.sampling_params import LogprobParams, SamplingParams
 
 MESSAGES = [
     GenerateRequest("r1", [1, 2, 3], SamplingParams(max_new_tokens=4, stop=("\n",)), None),
     GenerateRequest("r2", [5], SamplingParams(json_schema={"type": "object"}), "lora-a", LogprobParams(True, 3, 2)),
+    GenerateRequest("r3", [5, 6], SamplingParams(), None, LogprobParams(), Retention(((1024, 3600.0), (WHOLE, 300.0)))),
     AbortMsg("r1"),
     ControlRequest("c1", "flush_cache"),
     ControlReply("c1", True, {"flushed": False}),
@@ -64,7 +66,16 @@ def test_a_request_with_invalid_values_names_itself():
     row = SamplingParams(max_new_tokens=4).to_row()
     row[0] = -4  # max_new_tokens
     with pytest.raises(ProtocolError, match="max_new_tokens") as caught:
-        decode(msgpack.packb([0, "r9", [1, 2], row, None, [False, -1, 0]]))
+        decode(msgpack.packb([0, "r9", [1, 2], row, None, [False, -1, 0], None]))
+    assert caught.value.kind is GenerateRequest and caught.value.values[0] == "r9"
+
+
+@pytest.mark.parametrize("retention,match", [([[WHOLE, -5.0]], "seconds"), ([[-3, 60.0]], "tokens"),
+                                             ([[1, 2, 3]], "malformed")])
+def test_a_request_with_an_invalid_retention_names_itself(retention, match):
+    row = SamplingParams().to_row()
+    with pytest.raises(ProtocolError, match=match) as caught:
+        decode(msgpack.packb([0, "r9", [1, 2], row, None, [False, -1, 0], retention]))
     assert caught.value.kind is GenerateRequest and caught.value.values[0] == "r9"
 
 

@@ -1,8 +1,10 @@
 """Random insert/match/lock/unlock/evict sequences against a naive reference.
 
 The reference is a dict of every cached page-aligned prefix (per namespace) to the page id that
-stores its last page. After every step the cache's own invariants must hold, including the
-page balance `free + cached + in-flight == total`.
+stores its last page, and one of each prefix's retention deadline (finished requests carry
+random retention hints; the clock moves). After every step the cache's own invariants must
+hold, including the page balance `free + cached + in-flight == total`, and no eviction may take
+a retained page while an unretained unlocked leaf is left.
 """
 
 import hypothesis.strategies as st
@@ -11,10 +13,17 @@ from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from radixkv.mem import POLICIES, BeladyPolicy, HostTieredCache, PageAllocator, RadixCache, SeqPages
+from radixkv.mem.tree_node import NOT_RETAINED
+from radixkv.retention import WHOLE, Retention
+from tests.mem.conftest import FakeClock
 
 NUM_PAGES = 12
 keys = st.lists(st.integers(0, 3), min_size=0, max_size=14)
 namespaces = st.sampled_from([None, "ns-a"])
+retentions = st.none() | st.builds(
+    lambda spans: Retention(tuple(spans)),
+    st.lists(st.tuples(st.sampled_from([WHOLE, 0, 1, 2, 3, 5, 8]), st.sampled_from([0.0, 2.0, 5.0, 30.0])),
+             min_size=1, max_size=2))
 
 
 def tree_prefixes(cache):
@@ -33,6 +42,23 @@ def tree_prefixes(cache):
     return out
 
 
+def tree_deadlines(cache):
+    """{(namespace, prefix): retain_until of the node holding the prefix's last page}, over
+    device and host pages alike."""
+    out = {}
+    size = cache.page_size
+
+    def walk(node, ns, prefix):
+        for ck, child in node.children.items():
+            child_ns = ck[0] if node is cache.root else ns
+            for end in range(size, len(child.key) + 1, size):
+                out[(child_ns, prefix + child.key[:end])] = child.retain_until
+            walk(child, child_ns, prefix + child.key)
+
+    walk(cache.root, None, ())
+    return out
+
+
 class CacheMachine(RuleBasedStateMachine):
     policy = "lru"
 
@@ -42,8 +68,10 @@ class CacheMachine(RuleBasedStateMachine):
         policy = self.policy
         if policy == "belady-synthetic":  # exercises page-granular eviction with a fake future
             policy = BeladyPolicy(lambda node, end: float((node.depth + end) * 7919 % 13))
-        self.cache = RadixCache(PageAllocator(NUM_PAGES, page_size), policy)
+        self.clock = FakeClock()
+        self.cache = RadixCache(PageAllocator(NUM_PAGES, page_size), policy, clock=self.clock)
         self.ref: dict = {}  # (ns, prefix) -> page
+        self.until: dict = {}  # (ns, prefix) -> retention deadline (absent: 0.0)
         self.running: list = []  # (key, ns, seq, last_node)
         self.peeked: list = []  # (key, ns, match) of peeks a scheduler has not acted on yet
 
@@ -80,13 +108,21 @@ class CacheMachine(RuleBasedStateMachine):
     def start_request(self, key, ns):
         self.admit(key, ns, self.check_match(key, ns))
 
+    @precondition(lambda self: self.ref)
+    @rule(data=st.data())
+    def match_inside(self, data):
+        """A match ending a page before a cached prefix does: inside its edge, if it is longer
+        (the split keeps both parts' statistics and retention)."""
+        ns, prefix = data.draw(st.sampled_from(sorted(self.ref, key=repr)))
+        self.check_match(list(prefix[: -self.size]) + [9] * self.size, ns)
+
     def admit(self, key, ns, m):
         self.cache.lock(m.last_node)
         seq = SeqPages.from_prefix(self.cache.allocator, m.pages, m.num_tokens)
         need = seq.pages_needed(len(key) - m.num_tokens)
         alloc = self.cache.allocator
         if alloc.free_pages < need:
-            self.cache.evict((need - alloc.free_pages) * self.size)
+            self.evict_checked((need - alloc.free_pages) * self.size)
             if alloc.free_pages < need:  # only when everything evictable is gone
                 assert self.cache.evictable_tokens == 0
                 self.cache.unlock(m.last_node)
@@ -131,22 +167,63 @@ class CacheMachine(RuleBasedStateMachine):
             self.cache.record_use(m)
 
     @precondition(lambda self: self.running)
-    @rule(data=st.data())
-    def finish_request(self, data):
-        i = data.draw(st.integers(0, len(self.running) - 1))
+    @rule(data=st.data(), retention=retentions)
+    def finish_request(self, data, retention):
+        self.finish(data.draw(st.integers(0, len(self.running) - 1)), retention)
+
+    def finish(self, i, retention):
         key, ns, seq, node = self.running.pop(i)
         before = self.expected_match(key, ns)[0]
         n = len(key) - len(key) % self.size
         pages = list(seq.pages)
-        self.cache.cache_finished(key, seq, node, ns)
+        self.cache.cache_finished(key, seq, node, ns, retention)
         for end in range(before + self.size, n + 1, self.size):
             self.ref[(ns, tuple(key[:end]))] = pages[end // self.size - 1]
+        self.expect_retained(key, ns, retention)
         assert seq.num_tokens == 0
+
+    def expect_retained(self, key, ns, retention):
+        """The reference of what `retention` does to the just-cached `key`: each span's whole
+        pages are kept until now + its seconds, if that is later than before."""
+        if retention is None:
+            return
+        n = len(key) - len(key) % self.size
+        for end, seconds in retention.ends(n):
+            for j in range(self.size, end - end % self.size + 1, self.size):
+                prefix = (ns, tuple(key[:j]))
+                self.until[prefix] = max(self.until.get(prefix, 0.0), self.clock.now + seconds)
+
+    @rule(key=keys, ns=namespaces, retention=retentions)
+    def serve_retained(self, key, ns, retention):
+        """A whole request at once (admitted, computed, finished) carrying a retention hint."""
+        running = len(self.running)
+        self.start_request(key, ns)
+        if len(self.running) > running:
+            self.finish(running, retention)
+
+    @rule(seconds=st.sampled_from([1.0, 3.0, 10.0, 40.0]))
+    def advance_clock(self, seconds):
+        self.clock.advance(seconds)
+
+    def evict_checked(self, num_tokens):
+        """`cache.evict`, checking that a retained page went only once no unretained unlocked
+        leaf was left (and none is left after: a retained leaf's parent is retained too)."""
+        now = self.clock.now
+        device = tree_prefixes(self.cache)
+        retained = {p for p, until in tree_deadlines(self.cache).items() if until > now and p in device}
+        freed = self.cache.evict(num_tokens)
+        if num_tokens:  # an eviction re-ranks first every candidate whose retention ran out
+            assert all(hold == NOT_RETAINED or hold > now for (hold, _), _, _ in self.cache._candidates)
+        if retained - set(tree_prefixes(self.cache)):
+            left = [n for n in self.cache.nodes() if n.on_device and n.lock_ref == 0
+                    and self.cache._is_device_leaf(n) and n.retain_until <= now]
+            assert not left, "a retained page was evicted while an unretained leaf was left"
+        return freed
 
     @rule(num_tokens=st.integers(0, 3 * NUM_PAGES))
     def evict(self, num_tokens):
         evictable = self.cache.evictable_tokens
-        freed = self.cache.evict(num_tokens)
+        freed = self.evict_checked(num_tokens)
         assert freed >= min(num_tokens, evictable) or self.cache.evictable_tokens == 0
         if freed < num_tokens:
             assert self.cache.evictable_tokens == 0
@@ -157,6 +234,7 @@ class CacheMachine(RuleBasedStateMachine):
     def reset(self):
         self.cache.reset()
         self.ref.clear()
+        self.until.clear()
         assert self.cache.allocator.free_pages == NUM_PAGES
 
     def sync_after_eviction(self):
@@ -164,6 +242,7 @@ class CacheMachine(RuleBasedStateMachine):
         assert set(now.items()) <= set(self.ref.items()), "eviction invented a prefix"
         assert self.locked_prefixes() <= set(now), "a locked prefix was evicted"
         self.ref = now
+        self.until = {p: u for p, u in self.until.items() if p in now}  # gone: a new copy starts unretained
 
     # -- invariants ------------------------------------------------------------------------
     @invariant()
@@ -179,6 +258,8 @@ class CacheMachine(RuleBasedStateMachine):
         locked = len(self.locked_prefixes()) * self.size
         assert self.cache.protected_tokens == locked
         assert self.cache.evictable_tokens == len(self.ref) * self.size - locked
+        deadlines = tree_deadlines(self.cache)
+        assert deadlines == {p: self.until.get(p, 0.0) for p in deadlines}
 
 
 @pytest.mark.parametrize("policy", [*sorted(POLICIES), "belady-synthetic"])
@@ -246,8 +327,11 @@ class HostCacheMachine(CacheMachine):
     def setup(self, page_size, write_policy):
         self.size = page_size
         self.tier = LabelledHostTier(page_size, write_policy)
-        self.cache = HostTieredCache(PageAllocator(NUM_PAGES, page_size), "lru", host_tier=self.tier)
+        self.clock = FakeClock()
+        self.cache = HostTieredCache(PageAllocator(NUM_PAGES, page_size), "lru", host_tier=self.tier,
+                                     clock=self.clock)
         self.ref, self.host_ref, self.running, self.history, self.peeked = {}, {}, [], [], []
+        self.until = {}
 
     def check_match(self, key, ns):
         m = self.cache.match_prefix(key, ns)
@@ -284,7 +368,7 @@ class HostCacheMachine(CacheMachine):
         need = seq.pages_needed(len(key) - m.num_tokens)
         alloc = self.cache.allocator
         if alloc.free_pages < need:
-            self.cache.evict((need - alloc.free_pages) * self.size)
+            self.evict_checked((need - alloc.free_pages) * self.size)
             self.sync_after_eviction()
             if alloc.free_pages < need:
                 self.cache.unlock(m.last_node)
@@ -296,12 +380,10 @@ class HostCacheMachine(CacheMachine):
         self.running.append((key, ns, seq, m.last_node))
         return True
 
-    @precondition(lambda self: self.running)
-    @rule(data=st.data())
-    def finish_request(self, data):
-        i = data.draw(st.integers(0, len(self.running) - 1))
+    def finish(self, i, retention):
         key, ns, seq, node = self.running.pop(i)
-        self.cache.cache_finished(key, seq, node, ns)
+        self.cache.cache_finished(key, seq, node, ns, retention)
+        self.expect_retained(key, ns, retention)
         self.sync_after_eviction()  # inserting may revive host-only prefixes and write through
 
     def sync_after_eviction(self):
@@ -309,6 +391,7 @@ class HostCacheMachine(CacheMachine):
         assert not set(device) & set(host), "a prefix is both device-resident and host-only"
         assert self.locked_prefixes() <= set(device), "a locked prefix left the device"
         self.ref, self.host_ref = device, host
+        self.until = {p: u for p, u in self.until.items() if p in device or p in host}
         self.seen["loaded"] += self.cache.stats_host_loaded_tokens
         self.seen["host_evicted"] += self.cache.stats_host_evicted_tokens
         self.seen["saved"] += self.tier.saved_tokens
@@ -321,6 +404,7 @@ class HostCacheMachine(CacheMachine):
         self.cache.reset()
         self.ref.clear()
         self.host_ref.clear()
+        self.until.clear()
         assert self.cache.allocator.free_pages == NUM_PAGES
         assert self.tier.allocator.free_pages == HOST_PAGES
 
@@ -341,6 +425,8 @@ class HostCacheMachine(CacheMachine):
         locked = len(self.locked_prefixes()) * self.size
         assert self.cache.protected_tokens == locked
         assert self.cache.evictable_tokens == len(self.ref) * self.size - locked
+        deadlines = tree_deadlines(self.cache)
+        assert deadlines == {p: self.until.get(p, 0.0) for p in deadlines}
 
 
 def test_radix_cache_with_host_tier_matches_naive_reference():

@@ -26,7 +26,7 @@ CASES = [
     ("POST", "/v1/chat/completions", {"model": MODEL}, 400, "missing field 'messages'"),
     ("POST", "/v1/chat/completions", {**CHAT, "messages": []}, 400, "messages"),
     ("POST", "/v1/chat/completions", {**CHAT, "messages": [{"role": "robot", "content": "x"}]}, 400, "role"),
-    ("POST", "/v1/chat/completions", {**CHAT, "tools": [{"type": "function"}]}, 400, "unsupported field(s) ['tools']"),
+    ("POST", "/v1/chat/completions", {**CHAT, "functions": [{"name": "f"}]}, 400, "unsupported field(s) ['functions']"),
     ("POST", "/v1/chat/completions", {**CHAT, "logit_bias": {"1": 5}}, 400, "logit_bias"),
     ("POST", "/v1/chat/completions", {**CHAT, "frobnicate": True}, 400, "unknown field 'frobnicate'"),
     ("POST", "/v1/chat/completions", {**CHAT, "temperature": "hot"}, 400, "temperature"),

@@ -72,3 +72,25 @@ def test_a_host_tier_adds_host_hits_on_top_of_the_same_device_hits(mooncake):
     through = replay(trace, "lru", capacity_tokens=1_000_000, page_size=512, host_capacity_tokens=2_000_000,
                      host_write_policy="write-through", check_every=100)
     assert through.host_hit_tokens > 0
+
+
+def conversation_and_one_offs():
+    """A conversation whose second turn comes after two one-off prompts have filled the cache
+    (4 pages of 16 tokens): LRU evicts its first turn just before it is needed."""
+    from radixkv.workloads.trace import TraceRequest
+
+    turns = [(0, (1, 2)), (1000, (10, 11)), (2000, (20, 21)), (3000, (1, 2, 3))]  # (ms, block ids)
+    return [TraceRequest(float(ms), 16 * len(blocks), 8, blocks) for ms, blocks in turns]
+
+
+def test_oracle_retention_hints_keep_a_conversation_that_continues():
+    trace = conversation_and_one_offs()
+    run = dict(capacity_tokens=64, page_size=16, block_size=16, check_every=1)
+    lru = replay(trace, "lru", **run)
+    hinted = replay(trace, "lru", hints="oracle", hint_seconds=60, **run)
+    assert lru.hit_tokens == 0
+    assert hinted.hit_tokens == 32 and hinted.hinted_requests == 1  # only the turn that continues
+    # hinting every request ranks them all by deadline, that is by when they were cached: LRU again
+    assert replay(trace, "lru", hints="all", hint_seconds=60, **run).hit_tokens == 0
+    # the replay's clock is the trace's: a hint shorter than the gap runs out before it helps
+    assert replay(trace, "lru", hints="oracle", hint_seconds=0.5, **run).hit_tokens == 0

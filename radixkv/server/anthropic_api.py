@@ -1,0 +1,266 @@
+"""Anthropic's Messages API: POST /v1/messages (streaming too) and /v1/messages/count_tokens.
+
+The request (`anthropic_protocol`): system, messages of text / tool_use / tool_result blocks,
+tools and tool_choice (`tools.anthropic_tool_set`; `any` and a named tool generate under the
+call grammar), sampling (`max_tokens`, `stop_sequences`, `temperature`, `top_p`, `top_k`), and
+`cache_control` breakpoints, which become a `Retention` (`conversation.breakpoint_retention`).
+A last message of the assistant's is continued (Anthropic's prefill).
+
+Usage, as Anthropic counts it (the three input figures add up to the prompt):
+`cache_read_input_tokens`: prompt tokens the radix cache served; `cache_creation_input_tokens`:
+tokens up to the last breakpoint that were not read from the cache (computed now, and
+retained); `input_tokens`: the rest.
+
+Streaming: Anthropic's named events (`message_start`, `ping`, per block `content_block_start` /
+`content_block_delta` / `content_block_stop`, `message_delta`, `message_stop`); a failure after
+the stream began ends it with an `error` event. Errors on these paths, streamed or not, are
+Anthropic's shape (`error_body`): `http_app` answers in it wherever `serves(path)`.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from radixkv.errors import RadixKVError
+from radixkv.retention import Retention
+from radixkv.sampling_params import SamplingParams
+from radixkv.server.anthropic_protocol import (
+    CountTokensBody,
+    MessagesBody,
+    PromptFields,
+    conversation_of,
+)
+from radixkv.server.conversation import breakpoint_retention, render_ids
+from radixkv.server.http_common import (
+    error_of,
+    json_body,
+    named_sse,
+    request_body,
+    until_disconnected,
+)
+from radixkv.server.openai_api import check_model, started, with_call_grammar
+from radixkv.server.tokenizer_manager import Chunk, TokenizerManager
+from radixkv.server.tools import (
+    CallStream,
+    ToolCall,
+    ToolSet,
+    anthropic_tool_set,
+    new_call_id,
+)
+
+router = APIRouter()
+PATH = "/v1/messages"
+ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+               404: "not_found_error", 405: "invalid_request_error", 413: "request_too_large",
+               429: "rate_limit_error", 503: "overloaded_error"}
+Event = tuple[str, dict[str, Any]]
+
+
+def serves(path: str) -> bool:
+    """Whether `path` is one of this API's (whose errors are Anthropic's shape)."""
+    return path == PATH or path.startswith(PATH + "/")
+
+
+def error_body(status: int, message: str) -> dict[str, Any]:
+    """Anthropic's error: `{"type": "error", "error": {"type", "message"}}`, the type by status."""
+    kind = ERROR_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
+    return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+def error_response(status: int, message: str) -> JSONResponse:
+    return JSONResponse(error_body(status, message), status_code=status)
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """A request's prompt, validated: its token ids, the tools offered, the retention its cache
+    breakpoints ask for, and how many of its tokens the last breakpoint covers."""
+
+    ids: list[int]
+    tools: ToolSet | None
+    retention: Retention | None
+    breakpoint_end: int  # tokens
+
+    def usage(self, cache_read: int, output_tokens: int) -> dict[str, int]:
+        creation = max(0, self.breakpoint_end - cache_read)
+        return {"input_tokens": len(self.ids) - cache_read - creation, "output_tokens": output_tokens,
+                "cache_read_input_tokens": cache_read, "cache_creation_input_tokens": creation}
+
+
+def prompt_of(request: Request, body: PromptFields) -> Prompt:
+    check_model(request, body.model)
+    body.refuse_features_it_lacks()
+    tokenizer = request.app.state.manager.tokenizer
+    tools = anthropic_tool_set(body.tools, body.tool_choice)
+    conversation = conversation_of(body)
+    ids = render_ids(tokenizer, conversation.messages, tools, continue_final_message=conversation.prefill)
+    retention = breakpoint_retention(tokenizer, ids, conversation.marks, tools)
+    end = max((tokens for tokens, _ in retention.spans), default=0) if retention is not None else 0
+    return Prompt(ids, tools, retention, end)
+
+
+def tool_use_block(call: ToolCall) -> dict[str, Any]:
+    return {"type": "tool_use", "id": new_call_id("toolu_"), "name": call.name, "input": call.arguments_dict}
+
+
+def stop_reason(reason: dict[str, Any] | None, called: bool, stop_sequences: list[str] | None
+                ) -> tuple[str, str | None]:
+    """(stop_reason, stop_sequence) of the scheduler's finish reason: cut by max_tokens, ended on
+    tool calls, on one of the stop sequences (the matched one), or at the end of the turn."""
+    reason = reason or {}
+    if reason.get("type") == "length":
+        return "max_tokens", None
+    if called:
+        return "tool_use", None
+    matched = reason.get("matched")
+    if isinstance(matched, str) and matched in (stop_sequences or ()):
+        return "stop_sequence", matched
+    return "end_turn", None
+
+
+def message_meta(request: Request) -> dict[str, Any]:
+    return {"id": f"msg_{uuid.uuid4().hex}", "type": "message", "role": "assistant",
+            "model": request.app.state.settings.model_name}
+
+
+@router.post(PATH, openapi_extra=request_body(MessagesBody))
+async def messages(request: Request):
+    manager: TokenizerManager = request.app.state.manager
+    body = MessagesBody.model_validate(await json_body(request))
+    prompt = prompt_of(request, body)
+    params = body.sampling_dict()
+    if prompt.tools is not None and prompt.tools.forced:
+        params = with_call_grammar(params, prompt.tools)
+    sampling = SamplingParams.from_dict(params)
+    manager.check(prompt.ids, sampling)
+    meta = message_meta(request)
+    if body.stream:
+        chunks = await started(request, raising(manager.stream(prompt.ids, sampling, retention=prompt.retention)))
+        events = message_events(prompt, chunks, meta, body.stop_sequences)
+        return StreamingResponse(event_bytes(events), media_type="text/event-stream")
+    text, _, last = await until_disconnected(
+        request, manager.generate(prompt.ids, sampling, retention=prompt.retention))
+    content, calls = prompt.tools.parse(text) if prompt.tools is not None else (text, [])
+    blocks = ([{"type": "text", "text": content}] if content else []) + [tool_use_block(c) for c in calls]
+    reason, sequence = stop_reason(last.finish_reason, bool(calls), body.stop_sequences)
+    return {**meta, "content": blocks, "stop_reason": reason, "stop_sequence": sequence,
+            "usage": prompt.usage(last.cached_tokens, last.completion_tokens)}
+
+
+@router.post(f"{PATH}/count_tokens", openapi_extra=request_body(CountTokensBody))
+async def count_tokens(request: Request):
+    """The prompt's length in tokens, as POST /v1/messages would run it (nothing runs)."""
+    body = CountTokensBody.model_validate(await json_body(request))
+    return {"input_tokens": len(prompt_of(request, body).ids)}
+
+
+# -- streaming -------------------------------------------------------------------------------------
+async def raising(chunks: AsyncIterator[Chunk]) -> AsyncIterator[Chunk]:
+    """`chunks`, a failed one raised as its typed error; leaving early closes (aborts) the request."""
+    try:
+        async for chunk in chunks:
+            chunk.raise_if_error()
+            yield chunk
+    finally:
+        await chunks.aclose()
+
+
+async def event_bytes(events: AsyncIterator[Event]) -> AsyncIterator[bytes]:
+    """`events` as named server-sent events; a typed error mid-stream ends it with an `error` event."""
+    try:
+        async for name, data in events:
+            yield named_sse(name, data)
+    except RadixKVError as e:
+        status, message, _ = error_of(e)
+        yield named_sse("error", error_body(status, message))
+
+
+class ContentStream:
+    """A reply's content blocks as Anthropic streams them. A text block opens with its first
+    text that is not blank (blank text before a tool call is dropped, as `ToolSet.parse` strips
+    it) and closes before a tool_use block or at the end; a tool_use block is sent whole once
+    its call is read: its start, its input as one `input_json_delta`, its stop."""
+
+    def __init__(self) -> None:
+        self.blocks = 0  # started so far; the open text block, if any, is the last
+        self.text_open = False
+        self.blank = ""  # blank text held while no text block is open
+        self.calls = 0
+
+    def text(self, text: str) -> list[Event]:
+        if not self.text_open and not (self.blank + text).strip():
+            self.blank += text
+            return []
+        events = [] if self.text_open else self._open_text()
+        text, self.blank = self.blank + text, ""
+        return (events + [delta(self.blocks - 1, {"type": "text_delta", "text": text})]) if text else events
+
+    def call(self, call: ToolCall) -> list[Event]:
+        events, self.blank = self._close_text(), ""
+        block, index = tool_use_block(call), self.blocks
+        self.blocks, self.calls = self.blocks + 1, self.calls + 1
+        return events + [
+            ("content_block_start", {"type": "content_block_start", "index": index,
+                                     "content_block": {**block, "input": {}}}),
+            delta(index, {"type": "input_json_delta", "partial_json": call.arguments}),
+            ("content_block_stop", {"type": "content_block_stop", "index": index})]
+
+    def finish(self) -> list[Event]:
+        """The last events of the content: blank text with nothing else is a text block of its own."""
+        if self.blank and not self.calls and not self.text_open:
+            events = self._open_text() + [delta(self.blocks - 1, {"type": "text_delta", "text": self.blank})]
+            self.blank = ""
+            return events + self._close_text()
+        return self._close_text()
+
+    def _open_text(self) -> list[Event]:
+        self.text_open, self.blocks = True, self.blocks + 1
+        return [("content_block_start", {"type": "content_block_start", "index": self.blocks - 1,
+                                         "content_block": {"type": "text", "text": ""}})]
+
+    def _close_text(self) -> list[Event]:
+        if not self.text_open:
+            return []
+        self.text_open = False
+        return [("content_block_stop", {"type": "content_block_stop", "index": self.blocks - 1})]
+
+
+def delta(index: int, body: dict[str, Any]) -> Event:
+    return "content_block_delta", {"type": "content_block_delta", "index": index, "delta": body}
+
+
+async def message_events(prompt: Prompt, chunks: AsyncIterator[Chunk], meta: dict[str, Any],
+                         stop_sequences: list[str] | None) -> AsyncIterator[Event]:
+    """The Messages stream of one request's chunks (the first already came: it carries how
+    much of the prompt the cache served, which `message_start` reports)."""
+    content = ContentStream()
+    reader = CallStream(prompt.tools) if prompt.tools is not None and prompt.tools.parses_calls else None
+    opened = False
+    async for chunk in chunks:
+        if not opened:
+            opened = True
+            yield "message_start", {"type": "message_start", "message": {
+                **meta, "content": [], "stop_reason": None, "stop_sequence": None,
+                "usage": prompt.usage(chunk.cached_tokens, 0)}}
+            yield "ping", {"type": "ping"}
+        if reader is None:
+            shown: list[str | ToolCall] = [chunk.text] if chunk.text else []
+        else:
+            shown = reader.push(chunk.text) + (reader.finish() if chunk.finished else [])
+        for piece in shown:
+            for event in content.text(piece) if isinstance(piece, str) else content.call(piece):
+                yield event
+        if chunk.finished:
+            for event in content.finish():
+                yield event
+            reason, sequence = stop_reason(chunk.finish_reason, content.calls > 0, stop_sequences)
+            yield "message_delta", {"type": "message_delta",
+                                    "delta": {"stop_reason": reason, "stop_sequence": sequence},
+                                    "usage": prompt.usage(chunk.cached_tokens, chunk.completion_tokens)}
+            yield "message_stop", {"type": "message_stop"}

@@ -1,0 +1,323 @@
+"""OpenAI's Responses API: POST /v1/responses, GET and DELETE /v1/responses/{id}.
+
+A response's input is text or items (`responses_protocol`), after `instructions`; its output
+is a message and/or function calls (tools as in chat completions, `radixkv.server.tools`).
+`previous_response_id` continues a stored conversation (`response_store`) from the exact token
+ids the server ran for it, prompt and output as generated (`conversation.continue_ids`): the
+new prompt is a token prefix hit by construction, and `usage.input_tokens_details.
+cached_tokens` covers the whole previous turn. When that cannot hold (the instructions or tools
+changed, or the chat template rewrites earlier turns) the conversation is rendered afresh.
+
+Streaming sends OpenAI's typed events (`response.created` ... `response.completed`), each with
+its `sequence_number`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import StreamingResponse
+
+from radixkv.errors import InvalidRequestError, RadixKVError
+from radixkv.results import Collected
+from radixkv.retention import Retention
+from radixkv.sampling_params import SamplingParams
+from radixkv.server.conversation import breakpoint_retention, continue_ids, render_ids
+from radixkv.server.http_common import (
+    HTTPError,
+    error_of,
+    first_then_rest,
+    json_body,
+    named_sse,
+    principal,
+    request_body,
+    until_disconnected,
+)
+from radixkv.server.openai_api import check_model, openai_retention, with_call_grammar
+from radixkv.server.protocol import salt_namespace
+from radixkv.server.response_store import ResponseStore, StoredResponse
+from radixkv.server.responses_protocol import ResponsesBody, input_messages
+from radixkv.server.tokenizer_manager import Chunk, TokenizerManager
+from radixkv.server.tools import CallStream, ToolCall, ToolSet, openai_tool_set
+
+router = APIRouter()
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Turn:
+    """One response being made: its prompt, how it samples, and where it continues from."""
+
+    body: ResponsesBody
+    id: str
+    history: list[dict[str, Any]]  # the messages the prompt renders
+    ids: list[int]
+    params: SamplingParams
+    tools: ToolSet | None
+    retention: Retention | None
+    namespace: str | None
+    exact: bool  # the prompt continues the previous response's exact token ids
+
+
+def prepare(request: Request, body: ResponsesBody) -> Turn:
+    """Validate the body and build the turn's prompt (400s name the field at fault)."""
+    manager: TokenizerManager = request.app.state.manager
+    store: ResponseStore = request.app.state.responses
+    tokenizer = manager.tokenizer
+    tools = openai_tool_set(body.tools, body.tool_choice, body.parallel_tool_calls, flat=True)
+    options = body.prompt_cache_options
+    new_messages, marks = input_messages(body.input, options.ttl if options else "30m")
+    system = [{"role": "system", "content": body.instructions}] if body.instructions is not None else []
+    prev = None
+    if body.previous_response_id is not None:
+        prev = store.get(principal(request), body.previous_response_id)
+        if prev is None:
+            raise InvalidRequestError(f"previous_response_id={body.previous_response_id!r}: no such stored response "
+                                      f"(responses are kept per API key, at most {store.max_responses} of them for "
+                                      f"{store.max_age:.0f} s; store=false ones are not kept)")
+    earlier = prev.conversation if prev is not None else []
+    history = [*system, *earlier, *new_messages]
+    ids = None
+    if prev is not None and prev.instructions == body.instructions and prev.tools == tools:
+        ids = continue_ids(tokenizer, prev.history, prev.turn_ids, prev.output_ids, prev.reply, new_messages, tools)
+        if ids is None:
+            logger.info("previous_response_id=%s: the chat template does not continue the stored turn as generated; "
+                        "rendering the conversation afresh", body.previous_response_id)
+    exact = ids is not None
+    if ids is None:
+        ids = render_ids(tokenizer, history, tools)
+    offset = len(system) + len(earlier)
+    cuts = [([*history[: offset + i], cut], seconds) for i, cut, seconds in marks]
+    spans = [r for r in (openai_retention(body.prompt_cache_retention, body.prompt_cache_key),
+                         Retention.whole(Retention.named(options.ttl, "prompt_cache_options.ttl"))
+                         if options is not None else None,
+                         breakpoint_retention(tokenizer, ids, cuts, tools)) if r is not None]
+    retention = Retention(tuple(s for r in spans for s in r.spans)) if spans else None
+    params = sampling(manager, body, len(ids), tools)
+    manager.check(ids, params)
+    return Turn(body, f"resp_{uuid.uuid4().hex}", history, ids, params, tools, retention,
+                salt_namespace(body.cache_salt), exact)
+
+
+def sampling(manager: TokenizerManager, body: ResponsesBody, prompt_len: int, tools: ToolSet | None) -> SamplingParams:
+    if body.prompt_cache_options is not None and body.prompt_cache_options.prewarm:
+        max_new = 0
+    elif body.max_output_tokens is not None:
+        max_new = body.max_output_tokens
+    else:
+        max_new = max(0, manager.limits.context_length - prompt_len)
+    params: dict[str, Any] = {"max_new_tokens": max_new}
+    for name in ("temperature", "top_p", "seed"):
+        if getattr(body, name) is not None:
+            params[name] = getattr(body, name)
+    schema = body.json_schema()
+    if schema is not None:
+        params["json_schema"] = schema
+    if tools is not None and tools.forced:
+        params = with_call_grammar(params, tools)
+    return SamplingParams.from_dict(params)
+
+
+# -- the response object -----------------------------------------------------------------------------
+def message_item(text: str, status: str = "completed", item_id: str | None = None) -> dict[str, Any]:
+    return {"type": "message", "id": item_id or f"msg_{uuid.uuid4().hex}", "status": status, "role": "assistant",
+            "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}] if text or
+            status == "completed" else []}
+
+
+def call_item(call: ToolCall, status: str = "completed") -> dict[str, Any]:
+    return {"type": "function_call", "id": f"fc_{call.id.removeprefix('call_')}", "call_id": call.id,
+            "name": call.name, "arguments": call.arguments if status == "completed" else "", "status": status}
+
+
+def response_object(turn: Turn, model: str, status: str, output: list[dict[str, Any]],
+                    last: Chunk | None, created: float) -> dict[str, Any]:
+    """The Response as OpenAI returns it (the request's settings echoed)."""
+    body = turn.body
+    usage = None
+    if last is not None:
+        cached = last.cached_tokens
+        usage = {"input_tokens": len(turn.ids),
+                 "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": len(turn.ids) - cached},
+                 "output_tokens": last.completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+                 "total_tokens": len(turn.ids) + last.completion_tokens}
+    incomplete = status == "incomplete"
+    return {
+        "id": turn.id, "object": "response", "created_at": int(created), "status": status,
+        "completed_at": int(time.time()) if status == "completed" else None, "error": None,
+        "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
+        "instructions": body.instructions, "max_output_tokens": body.max_output_tokens, "model": model,
+        "output": output, "parallel_tool_calls": turn.tools.parallel if turn.tools is not None else True,
+        "previous_response_id": body.previous_response_id, "temperature": body.temperature, "top_p": body.top_p,
+        "tool_choice": body.tool_choice if body.tool_choice is not None else "auto", "tools": body.tools or [],
+        "text": body.text or {"format": {"type": "text"}}, "truncation": "disabled", "store": body.store,
+        "metadata": body.metadata or {}, "user": body.user, "prompt_cache_key": body.prompt_cache_key,
+        "prompt_cache_retention": body.prompt_cache_retention, "background": False, "service_tier": "default",
+        "reasoning": {"effort": None, "summary": None}, "usage": usage,
+        **({"prompt_cache_diagnostics": {"type": "unavailable"}}
+           if body.prompt_cache_options is not None and body.prompt_cache_options.comparison_response_id else {}),
+    }
+
+
+def finished_status(last: Chunk) -> str:
+    """`incomplete` when generation stopped at max_output_tokens (a prewarm's 0 tokens is complete)."""
+    return "incomplete" if (last.finish_reason or {}).get("type") == "length" and last.completion_tokens \
+        else "completed"
+
+
+def outputs_of(turn: Turn, text: str) -> tuple[str | None, list[ToolCall]]:
+    return turn.tools.parse(text) if turn.tools is not None else (text, [])
+
+
+def remember(request: Request, turn: Turn, response: dict[str, Any], content: str | None, calls: list[ToolCall],
+             output_ids: list[int]) -> None:
+    """Store the response (unless `store: false`) with what its continuation needs."""
+    if not turn.body.store:
+        return
+    reply: dict[str, Any] = {"role": "assistant", "content": content or ""}
+    if calls:
+        reply["tool_calls"] = [c.to_message() for c in calls]
+    request.app.state.responses.put(principal(request), turn.id, StoredResponse(
+        response, turn.body.instructions, turn.tools, turn.history, reply, list(turn.ids), list(output_ids)))
+
+
+# -- routes ----------------------------------------------------------------------------------------
+@router.post("/v1/responses", openapi_extra=request_body(ResponsesBody))
+async def create_response(request: Request):
+    manager: TokenizerManager = request.app.state.manager
+    raw = await json_body(request)
+    body = ResponsesBody.model_validate(raw)
+    body.refuse_features_it_lacks()
+    check_model(request, body.model)
+    turn = prepare(request, body)
+    model, created = request.app.state.settings.model_name, time.time()
+    chunks = manager.stream(turn.ids, turn.params, namespace=turn.namespace, retention=turn.retention)
+    if body.stream:
+        first, rest = await first_then_rest(request, chunks)
+        if first is not None:
+            first.raise_if_error()
+        return StreamingResponse(sse_bytes(response_events(request, turn, model, created, rest)),
+                                 media_type="text/event-stream")
+    text, got, last = [], Collected(), None
+
+    async def collect() -> None:
+        nonlocal last
+        async for chunk in chunks:
+            text.append(chunk.text)
+            got.add(chunk)
+            last = chunk
+        last.raise_if_error()
+    await until_disconnected(request, collect())
+    content, calls = outputs_of(turn, "".join(text))
+    output = ([message_item(content)] if content else []) + [call_item(c) for c in calls]
+    response = response_object(turn, model, finished_status(last), output, last, created)
+    remember(request, turn, response, content, calls, got.ids)
+    return response
+
+
+@router.get("/v1/responses/{response_id}")
+async def get_response(request: Request, response_id: str):
+    stored = request.app.state.responses.get(principal(request), response_id)
+    if stored is None:
+        raise HTTPError(404, f"response {response_id!r} not found (responses are kept per API key, for a bounded "
+                             f"time; store=false ones are not kept)", "not_found")
+    return stored.body
+
+
+@router.delete("/v1/responses/{response_id}")
+async def delete_response(request: Request, response_id: str):
+    if not request.app.state.responses.delete(principal(request), response_id):
+        raise HTTPError(404, f"response {response_id!r} not found", "not_found")
+    return {"id": response_id, "object": "response", "deleted": True}
+
+
+# -- streaming -------------------------------------------------------------------------------------
+async def response_events(request: Request, turn: Turn, model: str, created: float,
+                          chunks: AsyncIterator[Chunk]) -> AsyncIterator[dict[str, Any]]:
+    """OpenAI's event sequence: created, in_progress; per output item added, its deltas, done;
+    completed (or incomplete) with the whole response."""
+    output: list[dict[str, Any]] = []
+    message: dict[str, Any] | None = None  # the message item being written
+    text_parts: list[str] = []
+    reader = CallStream(turn.tools) if turn.tools is not None and turn.tools.parses_calls else None
+    got, content, calls = Collected(), [], []
+    start = response_object(turn, model, "in_progress", [], None, created)
+    yield {"type": "response.created", "response": start}
+    yield {"type": "response.in_progress", "response": start}
+
+    def close_message():
+        nonlocal message
+        if message is None:
+            return
+        done = "".join(text_parts)
+        index = output.index(message)
+        message["content"] = [{"type": "output_text", "text": done, "annotations": [], "logprobs": []}]
+        message["status"] = "completed"
+        yield {"type": "response.output_text.done", "item_id": message["id"], "output_index": index,
+               "content_index": 0, "text": done, "logprobs": []}
+        yield {"type": "response.content_part.done", "item_id": message["id"], "output_index": index,
+               "content_index": 0, "part": message["content"][0]}
+        yield {"type": "response.output_item.done", "output_index": index, "item": message}
+        message = None
+
+    last = None
+    async for chunk in chunks:
+        chunk.raise_if_error()
+        got.add(chunk)
+        last = chunk
+        shown = [chunk.text] if reader is None else reader.push(chunk.text) + (reader.finish() if chunk.finished else [])
+        for piece in shown:
+            if isinstance(piece, str):
+                if not piece:
+                    continue
+                if message is None:
+                    message, text_parts = message_item("", "in_progress"), []
+                    output.append(message)
+                    yield {"type": "response.output_item.added", "output_index": len(output) - 1, "item": message}
+                    yield {"type": "response.content_part.added", "item_id": message["id"],
+                           "output_index": len(output) - 1, "content_index": 0,
+                           "part": {"type": "output_text", "text": "", "annotations": [], "logprobs": []}}
+                text_parts.append(piece)
+                content.append(piece)
+                yield {"type": "response.output_text.delta", "item_id": message["id"],
+                       "output_index": output.index(message), "content_index": 0, "delta": piece, "logprobs": []}
+            else:
+                for event in close_message():
+                    yield event
+                calls.append(piece)
+                item = call_item(piece, "in_progress")
+                output.append(item)
+                index = len(output) - 1
+                yield {"type": "response.output_item.added", "output_index": index, "item": dict(item)}
+                yield {"type": "response.function_call_arguments.delta", "item_id": item["id"], "output_index": index,
+                       "delta": piece.arguments}
+                yield {"type": "response.function_call_arguments.done", "item_id": item["id"], "output_index": index,
+                       "name": piece.name, "arguments": piece.arguments}
+                item.update(arguments=piece.arguments, status="completed")
+                yield {"type": "response.output_item.done", "output_index": index, "item": item}
+    for event in close_message():
+        yield event
+    status = finished_status(last)
+    response = response_object(turn, model, status, output, last, created)
+    text = "".join(content).strip() if calls else "".join(content)
+    remember(request, turn, response, text or None, calls, got.ids)
+    yield {"type": "response.completed" if status == "completed" else "response.incomplete", "response": response}
+
+
+async def sse_bytes(events: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:
+    """Each event as `event: <type>` + data, numbered; a typed error mid-stream is an `error` event."""
+    n = 0
+    try:
+        async for event in events:
+            yield named_sse(event["type"], {**event, "sequence_number": n})
+            n += 1
+    except RadixKVError as e:
+        status, message, kind = error_of(e)
+        yield named_sse("error", {"type": "error", "code": kind, "message": message, "param": None,
+                                  "sequence_number": n})
