@@ -22,34 +22,15 @@ import argparse
 import sys
 from pathlib import Path
 
-from tqdm import tqdm
-
+from _replay_cli import add_replay_args, check_replay_args, number_list
 from _report import RESULTS, machine, save_json
-
-HERE = Path(__file__).resolve().parent
-TRACE = HERE / "data" / "mooncake_conversation_trace.jsonl"
-
-
-def numbers(kind):
-    def parse(text: str) -> list:
-        try:
-            values = [kind(x) for x in text.split(",") if x]
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a comma-separated list of numbers: {text!r}") from None
-        if not values or min(values) < 0:
-            raise argparse.ArgumentTypeError(f"give non-negative numbers: {text!r}")
-        return values
-    return parse
+from tqdm import tqdm
 
 
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--trace", type=Path, default=TRACE, help="Mooncake-format trace (default: %(default)s)")
-    p.add_argument("--limit", type=int, default=None, help="replay only the first K requests")
-    p.add_argument("--page-size", type=int, default=512, help="tokens per page (default 512)")
-    p.add_argument("--capacity-tokens", type=numbers(int), default=[1_000_000, 5_120_000],
-                   help="device capacities (default 1000000,5120000)")
-    p.add_argument("--host-multipliers", type=numbers(float), default=[0, 2, 4],
+    add_replay_args(p, [1_000_000, 5_120_000])
+    p.add_argument("--host-multipliers", type=number_list(float), default=[0, 2, 4],
                    help="host tier sizes as multiples of the device capacity (default 0,2,4)")
     p.add_argument("--write-policy", choices=("write-back", "write-through"), default="write-back",
                    help="when prefixes reach the host (default write-back)")
@@ -57,10 +38,7 @@ def parse_args(argv):
     p.add_argument("--tflops", type=float, default=0.1, help="prefill compute rate, TFLOP/s (default 0.1)")
     p.add_argument("--json", type=Path, default=RESULTS / "host_tier_replay.json", help="results file")
     args = p.parse_args(argv)
-    if not args.trace.is_file():
-        p.error(f"--trace: no such file: {args.trace}")
-    if args.page_size < 1 or min(args.capacity_tokens) < args.page_size:
-        p.error("--page-size >= 1 and every --capacity-tokens at least one page")
+    check_replay_args(p, args)
     if args.link_gbs <= 0 or args.tflops <= 0:
         p.error("--link-gbs and --tflops must be > 0")
     return args

@@ -22,48 +22,25 @@ import argparse
 import sys
 from pathlib import Path
 
+from _replay_cli import add_replay_args, check_replay_args, number_list
 from _report import RESULTS, machine, save_json
 from tqdm import tqdm
 
 from radixkv.workloads.replay import replay
 from radixkv.workloads.trace import load_trace
 
-HERE = Path(__file__).resolve().parent
-TRACE = HERE / "data" / "mooncake_conversation_trace.jsonl"
-
-
-def numbers(kind, allow_empty: bool = False):
-    def parse(text: str) -> list:
-        try:
-            values = [kind(float(x)) for x in text.split(",") if x.strip()]
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a comma-separated list of numbers: {text!r}") from None
-        if (not values and not allow_empty) or any(v <= 0 for v in values):
-            raise argparse.ArgumentTypeError(f"give positive numbers: {text!r}")
-        return values
-    return parse
-
 
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--trace", type=Path, default=TRACE, help="Mooncake-format trace (default: %(default)s)")
-    p.add_argument("--limit", type=int, default=None, help="replay only the first K requests")
-    p.add_argument("--page-size", type=int, default=512, help="tokens per page (default 512)")
-    p.add_argument("--capacity-tokens", type=numbers(int), default=[2_560_000, 5_120_000],
-                   help="device capacities in tokens (default 2560000,5120000)")
-    p.add_argument("--oracle-ttl", type=numbers(float, allow_empty=True), default=[300.0, 3600.0],
+    add_replay_args(p, [2_560_000, 5_120_000])
+    p.add_argument("--oracle-ttl", type=number_list(float, positive=True, allow_empty=True), default=[300.0, 3600.0],
                    help="seconds of the oracle hints, one run each (default 300,3600)")
-    p.add_argument("--blanket-ttl", type=numbers(float, allow_empty=True), default=[300.0],
+    p.add_argument("--blanket-ttl", type=number_list(float, positive=True, allow_empty=True), default=[300.0],
                    help="seconds of the hints on every request, one run each (default 300)")
     p.add_argument("--json", type=Path, default=RESULTS / "retention_replay.json",
                    help="results file (default: %(default)s)")
     args = p.parse_args(argv)
-    if not args.trace.is_file():
-        p.error(f"--trace: no such file: {args.trace}")
-    if args.page_size < 1 or min(args.capacity_tokens) < args.page_size:
-        p.error("--page-size must be >= 1 and every --capacity-tokens at least one page")
-    if args.limit is not None and args.limit < 1:
-        p.error("--limit must be >= 1")
+    check_replay_args(p, args)
     return args
 
 

@@ -26,7 +26,14 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
 from radixkv.errors import RadixKVError
-from radixkv.server import admin_api, anthropic_api, native_api, openai_api, responses_api, sglang_api
+from radixkv.server import (
+    admin_api,
+    anthropic_api,
+    native_api,
+    openai_api,
+    responses_api,
+    sglang_api,
+)
 from radixkv.server.http_common import (
     BODY_MODELS,
     DEFAULT_MAX_BODY_BYTES,

@@ -21,6 +21,7 @@ from radixkv.errors import EngineError, InvalidRequestError, RadixKVError
 from radixkv.results import Collected
 from radixkv.retention import CONVERSATION_SECONDS, Retention
 from radixkv.sampling_params import LogprobParams, SamplingParams
+from radixkv.server.conversation import render_ids
 from radixkv.server.http_common import (
     HTTPError,
     all_or_none,
@@ -40,7 +41,6 @@ from radixkv.server.protocol import (
     salt_namespace,
     sampling_dict,
 )
-from radixkv.server.conversation import render_ids
 from radixkv.server.tokenizer_manager import Chunk, TokenizerManager
 from radixkv.server.tools import CallStream, ToolCall, ToolSet, openai_tool_set
 

@@ -318,6 +318,6 @@ async def sse_bytes(events: AsyncIterator[dict[str, Any]]) -> AsyncIterator[byte
             yield named_sse(event["type"], {**event, "sequence_number": n})
             n += 1
     except RadixKVError as e:
-        status, message, kind = error_of(e)
+        _, message, kind = error_of(e)
         yield named_sse("error", {"type": "error", "code": kind, "message": message, "param": None,
                                   "sequence_number": n})

@@ -21,7 +21,12 @@ from pydantic import Field
 from radixkv.errors import InvalidRequestError
 from radixkv.retention import Retention
 from radixkv.sampling_params import SEED_MAX, SEED_MIN
-from radixkv.server.protocol import Strict, json_arguments, refuse_if_on, response_format_schema
+from radixkv.server.protocol import (
+    Strict,
+    json_arguments,
+    refuse_if_on,
+    response_format_schema,
+)
 
 DEFAULT_BREAKPOINT_TTL = "30m"
 ROLES = {"user": "user", "system": "system", "developer": "system", "assistant": "assistant"}

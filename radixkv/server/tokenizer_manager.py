@@ -25,7 +25,12 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from radixkv.errors import EngineError, ErrorKind, InvalidRequestError, ServiceUnavailable
+from radixkv.errors import (
+    EngineError,
+    ErrorKind,
+    InvalidRequestError,
+    ServiceUnavailable,
+)
 from radixkv.ipc import (
     AbortMsg,
     ControlReply,
@@ -117,11 +122,6 @@ class TokenizerManager:
     # -- requests ------------------------------------------------------------------------------
     def encode_text(self, text: str) -> list[int]:
         return self.tokenizer.encode(text)
-
-    def encode_chat(self, messages: list[dict[str, Any]], continue_final_message: bool = False,
-                    template_kwargs: dict[str, Any] | None = None) -> list[int]:
-        return self.tokenizer.apply_chat_template(messages, continue_final_message=continue_final_message,
-                                                  template_kwargs=template_kwargs)
 
     def token_text(self, token_id: int) -> str:
         """One token as text (special tokens included), for log-prob listings."""
