@@ -69,6 +69,11 @@ for _path in ANY_WORKER:
     routes.add_api_route(_path, any_worker, methods=["POST"])
 
 
+@routes.api_route("/v1/responses/{response_id}", methods=["GET", "DELETE"])
+async def stored_response(request: Request, response_id: str) -> Response:
+    return await request.app.state.router.stored_response(request.method, response_id)
+
+
 @routes.post("/abort_request")
 async def abort(request: Request) -> Response:
     body = await body_of(request)

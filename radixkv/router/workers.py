@@ -2,9 +2,12 @@
 (the HTTP routes over it are `app.py`).
 
 The routing key is the prompt as the client sent it: `text` or `input_ids`, a completion's
-`prompt`, or a chat's messages (role and content, in order), so a conversation's next turn
-shares its key's prefix with the previous one. OpenAI's `prompt_cache_key` pins a conversation
-to a worker.
+`prompt`, a chat's or an Anthropic request's messages (role and content, in order), or a
+Responses request's instructions and input, so a conversation's next turn shares its key's
+prefix with the previous one. OpenAI's `prompt_cache_key` pins a conversation to a worker.
+A Responses turn that names `previous_response_id` goes to the worker that stored that
+response (the router learns each id from the reply, or from the first event of a stream), and
+so do `GET` / `DELETE /v1/responses/{id}`: a stored conversation lives on one worker only.
 
 Faults: a health loop polls every worker's `/health`. A worker that fails a request or a check
 is taken out (its routing tree with it) and used again once its checks pass. A request that
@@ -18,7 +21,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,9 +35,12 @@ from radixkv.routing import make_policy
 from radixkv.server.http_common import error_response
 
 logger = logging.getLogger(__name__)
-ROUTED = ("/generate", "/v1/chat/completions", "/v1/completions")
-ANY_WORKER = ("/tokenize", "/detokenize")
+ROUTED = ("/generate", "/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages")
+ANY_WORKER = ("/tokenize", "/detokenize", "/v1/messages/count_tokens")
 MAX_TRACKED_RIDS = 100_000
+MAX_TRACKED_RESPONSES = 100_000  # stored Responses ids -> their worker (oldest forgotten first)
+RESPONSE_ID = re.compile(rb'"id"\s*:\s*"(resp_[^"]+)"')
+SCANNED_BYTES = 1 << 16  # how far into a stream the router looks for the response id
 
 
 @dataclass(frozen=True)
@@ -56,17 +64,35 @@ class Worker:
     last_check: float = field(default=0.0)
 
 
+def _text_of(content: Any) -> str:
+    """A message's content as text: a string, or the text of its parts / blocks."""
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return content if isinstance(content, str) else ""
+
+
+def _messages_key(messages: Any, head: str = "") -> str:
+    parts = [head]
+    for m in messages if isinstance(messages, list) else []:
+        if isinstance(m, dict):
+            parts.append(f"<{m.get('role', '')}>{_text_of(m.get('content'))}")
+    return "".join(parts)
+
+
 def routing_key(path: str, body: dict[str, Any]) -> tuple[Sequence[Hashable], Hashable | None]:
     """(the prompt as a key sequence, a pin) of one request body."""
     pin = body.get("prompt_cache_key")
     if path == "/v1/chat/completions":
-        parts = []
-        for m in body.get("messages") or []:
-            content = m.get("content") if isinstance(m, dict) else None
-            if isinstance(content, list):  # content parts: their text
-                content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
-            parts.append(f"<{m.get('role') if isinstance(m, dict) else ''}>{content or ''}")
-        return "".join(parts), pin
+        return _messages_key(body.get("messages")), pin
+    if path == "/v1/messages":  # Anthropic: the system prompt, then the messages
+        system = body.get("system")
+        return _messages_key(body.get("messages"), f"<system>{_text_of(system)}" if system else ""), pin
+    if path == "/v1/responses":
+        head = f"<system>{body['instructions']}" if isinstance(body.get("instructions"), str) else ""
+        given = body.get("input")
+        if isinstance(given, str):
+            return f"{head}<user>{given}", pin
+        return _messages_key([i for i in given if isinstance(i, dict)] if isinstance(given, list) else [], head), pin
     prompt = body.get("text", body.get("input_ids")) if path == "/generate" else body.get("prompt")
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], (list, str)):
         prompt = prompt[0]  # a batch: route by its first prompt
@@ -89,6 +115,7 @@ class Router:
                                         limits=httpx.Limits(max_connections=1024))
         self.retries = 0
         self.rids: dict[str, int] = {}  # a client-named request in flight -> its worker
+        self.responses: OrderedDict[str, int] = OrderedDict()  # a stored Responses id -> its worker
         self._health_task: asyncio.Task | None = None
 
     # -- health ----------------------------------------------------------------------------------
@@ -132,11 +159,14 @@ class Router:
         w.failures += 1
 
     # -- routing ---------------------------------------------------------------------------------
-    def choose(self, key, pin, exclude: set[int]) -> int | None:
-        """A healthy worker not in `exclude`, by the policy (None if there is none)."""
+    def choose(self, key, pin, exclude: set[int], owner: int | None = None) -> int | None:
+        """A healthy worker not in `exclude`: `owner` (the worker holding the state a request
+        continues) when it can take it, else by the policy (None if there is none)."""
         usable = [i for i, w in enumerate(self.workers) if w.healthy and i not in exclude]
         if not usable:
             return None
+        if owner in usable:
+            return owner
         big = 1 << 30  # a worker that cannot take the request looks infinitely loaded
         loads = [w.inflight if i in usable else big for i, w in enumerate(self.workers)]
         choice = self.policy.route(key, loads, pin)
@@ -148,9 +178,11 @@ class Router:
         key, pin = routing_key(path, body)
         stream = bool(body.get("stream"))
         rids = client_rids(body) if path == "/generate" else []
+        learn = path == "/v1/responses"
+        owner = self.responses.get(body.get("previous_response_id")) if learn else None
         tried: set[int] = set()
         while True:
-            i = self.choose(key, pin, tried)
+            i = self.choose(key, pin, tried, owner)
             if i is None:
                 return error_response(503, "no healthy worker can take the request" +
                               (f" (tried {len(tried)})" if tried else ""), "service_unavailable")
@@ -167,7 +199,7 @@ class Router:
                         await upstream.aclose()
                         raise httpx.HTTPStatusError(f"{upstream.status_code} from worker", request=req,
                                                     response=upstream)
-                    return StreamingResponse(self._relay(i, upstream, rids), status_code=upstream.status_code,
+                    return StreamingResponse(self._relay(i, upstream, rids, learn), status_code=upstream.status_code,
                                              media_type=upstream.headers.get("content-type", "text/event-stream"))
                 try:
                     r = await self.client.post(f"{w.url}{path}", json=body)
@@ -176,6 +208,8 @@ class Router:
                     self._untrack(rids, i)
                 if r.status_code >= 500:  # a dying or broken worker; nothing reached the client yet
                     raise httpx.HTTPStatusError(f"{r.status_code} from worker", request=r.request, response=r)
+                if learn and r.status_code == 200:
+                    self._learn_response(r.content, i)
                 return Response(r.content, status_code=r.status_code,
                                 media_type=r.headers.get("content-type", "application/json"))
             except httpx.HTTPError as e:  # nothing came back: another worker may serve it
@@ -226,10 +260,48 @@ class Router:
                             media_type=r.headers.get("content-type", "application/json"))
         return error_response(503, "no healthy worker", "service_unavailable")
 
-    async def _relay(self, i: int, upstream: httpx.Response, rids: list[str]) -> AsyncIterator[bytes]:
+    def _learn_response(self, head: bytes, worker: int) -> bool:
+        """Remember which worker stored the response whose id `head` (a reply's first bytes)
+        names; True once found."""
+        found = RESPONSE_ID.search(head)
+        if found is None:
+            return False
+        self.responses[found.group(1).decode()] = worker
+        self.responses.move_to_end(found.group(1).decode())
+        while len(self.responses) > MAX_TRACKED_RESPONSES:
+            self.responses.popitem(last=False)
+        return True
+
+    async def stored_response(self, method: str, response_id: str) -> Response:
+        """`GET` / `DELETE /v1/responses/{id}` at the worker that stored it; asked of every
+        healthy worker when the router does not know it (it restarted, or the id is wrong)."""
+        known = self.responses.get(response_id)
+        order = [known] if known is not None and self.workers[known].healthy else []
+        order += [i for i, w in enumerate(self.workers) if w.healthy and i not in order]
+        answer: Response | None = None
+        for i in order:
+            try:
+                r = await self.client.request(method, f"{self.workers[i].url}/v1/responses/{response_id}", timeout=30)
+            except httpx.HTTPError as e:
+                self._take_out(i, f"{type(e).__name__}: {e}")
+                continue
+            answer = Response(r.content, status_code=r.status_code,
+                              media_type=r.headers.get("content-type", "application/json"))
+            if r.status_code != 404:
+                if method == "DELETE" and r.status_code == 200:
+                    self.responses.pop(response_id, None)
+                return answer
+        return answer or error_response(503, "no healthy worker", "service_unavailable")
+
+    async def _relay(self, i: int, upstream: httpx.Response, rids: list[str],
+                     learn: bool = False) -> AsyncIterator[bytes]:
         w = self.workers[i]
+        head = b""
         try:
             async for chunk in upstream.aiter_raw():
+                if learn:  # the stream's first event carries the response id
+                    head += chunk
+                    learn = len(head) < SCANNED_BYTES and not self._learn_response(head, i)
                 yield chunk
         except httpx.HTTPError as e:  # bytes already went out: end the stream with an error
             self._take_out(i, f"{type(e).__name__}: {e}")
@@ -251,7 +323,7 @@ class Router:
         return list(await asyncio.gather(*(one(w) for w in self.workers if w.healthy)))
 
     def info(self) -> dict[str, Any]:
-        return {"policy": self.settings.policy, "retries": self.retries,
+        return {"policy": self.settings.policy, "retries": self.retries, "tracked_responses": len(self.responses),
                 "decisions": dict(getattr(self.policy, "decisions", {})),
                 "workers": [{"url": w.url, "healthy": w.healthy, "inflight": w.inflight, "routed": w.routed,
                              "failures": w.failures, "last_error": w.last_error} for w in self.workers]}

@@ -15,7 +15,7 @@ from radixkv.version import __version__
 
 router = APIRouter()
 POOL_FIELDS = ("total_tokens", "free_tokens", "used_tokens", "evictable_tokens", "protected_tokens",
-               "cached_tokens_in_tree", "token_usage")
+               "cached_tokens_in_tree", "token_usage", "retained_tokens", "max_cache_retention")
 
 
 @router.get("/health")

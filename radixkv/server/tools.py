@@ -95,22 +95,24 @@ def new_call_id(prefix: str = "call_") -> str:
     return f"{prefix}{uuid.uuid4().hex[:24]}"
 
 
-def check_tool(name: Any, description: Any, parameters: Any, where: str) -> Tool:
+def check_tool(name: Any, description: Any, parameters: Any, where: str, schema_field: str = "parameters") -> Tool:
     """A `Tool` from an API's fields; `InvalidRequestError` naming `where` (e.g. `tools[0]`)
     when the name, description or schema is not usable (the schema is parsed into a grammar
-    and checked to have finite outputs, as a request's json_schema is)."""
+    and checked to have finite outputs, as a request's json_schema is). `schema_field` is the
+    schema's name in the API at hand (OpenAI `parameters`, Anthropic `input_schema`)."""
     if not isinstance(name, str) or not NAME_PATTERN.match(name):
         raise InvalidRequestError(f"{where}.name={name!r}: must be 1-64 letters, digits, '_' or '-'")
     if description is not None and not isinstance(description, str):
         raise InvalidRequestError(f"{where}.description: must be a string")
     if parameters is None:
         parameters = {"type": "object", "properties": {}}
+    field = f"{where}.{schema_field}"
     if not isinstance(parameters, dict):
-        raise InvalidRequestError(f"{where}.parameters: must be a JSON schema object, got {type(parameters).__name__}")
+        raise InvalidRequestError(f"{field}: must be a JSON schema object, got {type(parameters).__name__}")
     if parameters.get("type", "object") != "object":
-        raise InvalidRequestError(f"{where}.parameters.type={parameters.get('type')!r}: a function's arguments "
+        raise InvalidRequestError(f"{field}.type={parameters.get('type')!r}: a function's arguments "
                                   f"are a JSON object (type 'object')")
-    _schema_grammar(parameters, f"{where}.parameters")
+    _schema_grammar(parameters, field)
     return Tool(name, description or "", parameters)
 
 
@@ -376,7 +378,8 @@ def anthropic_tool_set(tools: Any, tool_choice: Any) -> ToolSet | None:
             raise InvalidRequestError(f"tools[{i}]: unknown field(s) {sorted(unknown)}")
         if "input_schema" not in tool:
             raise InvalidRequestError(f"tools[{i}].input_schema: required, the JSON schema of the tool's input")
-        parsed.append(check_tool(tool.get("name"), tool.get("description"), tool["input_schema"], f"tools[{i}]"))
+        parsed.append(check_tool(tool.get("name"), tool.get("description"), tool["input_schema"], f"tools[{i}]",
+                                 "input_schema"))
     choice = tool_choice or {"type": "auto"}
     if not isinstance(choice, dict):
         raise InvalidRequestError("tool_choice: must be an object with a type")

@@ -64,3 +64,18 @@ def test_router_cli_refuses_bad_flags_naming_them(run_cli):
     proc = run()
     assert proc.returncode == 2 and "--worker" in proc.stderr
     assert "--health-interval" in run("--help").stdout
+
+
+def test_routing_keys_of_the_agent_apis_grow_with_the_conversation():
+    """Anthropic messages and Responses input were not routed at all (404 at the router)."""
+    from radixkv.router.workers import routing_key
+
+    one = [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}]
+    two = one + [{"role": "assistant", "content": "Hello"}, {"role": "user", "content": "More"}]
+    k1, _ = routing_key("/v1/messages", {"system": "Be brief.", "messages": one})
+    k2, _ = routing_key("/v1/messages", {"system": [{"type": "text", "text": "Be brief."}], "messages": two})
+    assert k1 == "<system>Be brief.<user>Hi" and k2.startswith(k1)
+    r1, pin = routing_key("/v1/responses", {"instructions": "Be brief.", "input": "Hi", "prompt_cache_key": "c"})
+    r2, _ = routing_key("/v1/responses", {"instructions": "Be brief.", "input": two})
+    assert (r1, pin) == ("<system>Be brief.<user>Hi", "c") and r2.startswith("<system>Be brief.<user>Hi")
+    assert routing_key("/v1/responses", {"input": 7}) == ("", None)  # the worker answers the 400

@@ -96,6 +96,33 @@ def test_tokenize_and_abort_go_through_the_router(cluster):
                       ).status_code == 401
 
 
+def test_responses_conversations_follow_their_stored_turns(cluster):
+    """/v1/responses and /v1/messages were 404 at the router; a previous_response_id must reach
+    the worker that stored it, whatever the new input's key would route to."""
+    router, _ = cluster
+    c = client(router)
+    before = routed(router)
+    r = c.responses.create(model=MODEL, input="Name a colour.", max_output_tokens=6, temperature=0)
+    for i, question in enumerate(("And another?", "One more, a different one.")):
+        stream = c.responses.create(model=MODEL, input=question, previous_response_id=r.id, max_output_tokens=6,
+                                    temperature=0, stream=(i == 1))
+        r = next(e.response for e in stream if e.type in ("response.completed", "response.incomplete")) \
+            if i == 1 else stream
+        assert r.usage.input_tokens_details.cached_tokens > 0
+    assert sorted(a - b for a, b in zip(routed(router), before)) == [0, 3]
+    assert c.responses.retrieve(r.id).id == r.id  # found at its worker
+    c.responses.delete(r.id)
+    with pytest.raises(openai.NotFoundError):
+        c.responses.retrieve(r.id)
+    with router.client() as h:
+        m = h.post("/v1/messages", json={"model": MODEL, "max_tokens": 4, "temperature": 0,
+                                          "messages": [{"role": "user", "content": "Hi"}]})
+        assert m.status_code == 200 and m.json()["type"] == "message"
+        counted = h.post("/v1/messages/count_tokens", json={"model": MODEL,
+                                                             "messages": [{"role": "user", "content": "Hi"}]})
+        assert counted.status_code == 200 and counted.json()["input_tokens"] > 0
+
+
 @pytest.mark.slow  # about 100 s: a worker dies and restarts; run with -m slow
 def test_a_dead_worker_is_routed_around_and_used_again_when_back(cluster):
     router, workers = cluster
