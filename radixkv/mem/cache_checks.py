@@ -58,7 +58,7 @@ def check_tree(cache: Any, inflight_pages: int | None = None) -> None:
         raise CacheInvariantError(
             f"counters say evictable={cache.evictable_tokens} protected={cache.protected_tokens}, "
             f"tree holds {evictable} and {protected}")
-    candidates = [entry[1] for entry in cache._candidates]
+    candidates = [entry[1] for entry in cache.candidates]
     if set(candidates) != leaves or len(candidates) != len(leaves):
         raise CacheInvariantError("eviction candidates are not exactly the unlocked leaves")
     check_retention_flags(cache)
@@ -78,7 +78,7 @@ def check_retention_flags(cache: Any) -> None:
     its candidate); one not flagged has a deadline no later than the clock (it was not ahead
     when ranked, and the clock never goes back)."""
     now = cache.clock()
-    for (hold, _), _, node in cache._candidates:
+    for (hold, _), _, node in cache.candidates:
         if hold == NOT_RETAINED:
             if node.retain_until > now:
                 raise CacheInvariantError(f"{node}: retained until {node.retain_until} (clock {now}), "

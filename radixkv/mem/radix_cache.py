@@ -13,7 +13,7 @@ drops those references; a page is freed once no running request holds it either.
 Locks. `lock(node)` adds one to `lock_ref` of the node and every ancestor (below the root), so
 `lock_ref(node) >= sum(lock_ref(child))`. A node with `lock_ref > 0` is *protected*: a running
 request reads it. A node with `lock_ref == 0` is *evictable*; only evictable *leaves* are
-eviction candidates, kept in a sorted container ordered by their rank (see Retention).
+eviction candidates, kept in rank order (`radixkv.mem.candidates`; see Retention).
 Evicting a leaf can turn its parent into a candidate.
 
 Retention. `retain` gives the nodes of a just-cached path a deadline (`retain_until`, seconds
@@ -55,28 +55,22 @@ carries its node's current deadline, and one not flagged has a deadline no later
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from sortedcontainers import SortedList
-
 from radixkv.errors import CacheInvariantError
 from radixkv.mem.allocator import PageAllocator
 from radixkv.mem.cache_checks import check_tree
+from radixkv.mem.candidates import EvictionCandidates
 from radixkv.mem.base import InsertResult, MatchResult, Namespace, PrefixCache
 from radixkv.mem.cache_events import GPU, CacheEventLog
 from radixkv.mem.eviction import EvictionPolicy, make_policy
-from radixkv.mem.tree_node import NOT_RETAINED, TreeNode
+from radixkv.mem.tree_node import TreeNode
 
 if TYPE_CHECKING:
     from radixkv.retention import Retention
-
-_FIRST_RETAINED = ((-sys.float_info.max,),)
-"""Sorts after every unretained candidate and before every retained one (for bisection)."""
-
 
 class RadixCache(PrefixCache):
     """Prefix cache over a `PageAllocator`; see the module docstring for the invariants."""
@@ -99,7 +93,7 @@ class RadixCache(PrefixCache):
         self.epoch = getattr(self, "epoch", -1) + 1
         self.root = self.node_type((), [], None, 0)
         self.root.lock_ref = 1  # the root is never evicted
-        self._candidates: SortedList = SortedList()
+        self.candidates = EvictionCandidates(self.policy, self.clock)
         self._evictable_tokens = 0
         self._protected_tokens = 0
 
@@ -117,7 +111,7 @@ class RadixCache(PrefixCache):
 
     @property
     def num_candidates(self) -> int:
-        return len(self._candidates)
+        return len(self.candidates)
 
     # -- lookup --------------------------------------------------------------------------------
     def _tick(self) -> int:
@@ -276,11 +270,11 @@ class RadixCache(PrefixCache):
 
     def _attach(self, parent: TreeNode, ck: Any, leaf: TreeNode) -> None:
         if parent.candidate is not None:  # parent stops being a leaf
-            self._drop_candidate(parent)
+            self.candidates.drop(parent)
         leaf.child_key = ck
         parent.children[ck] = leaf
         self._evictable_tokens += len(leaf.key)
-        self._add_candidate(leaf)
+        self.candidates.add(leaf)
 
     def _split(self, child: TreeNode, n: int) -> TreeNode:
         """Split `child`'s edge after `n` tokens; returns the new upper node (`child` keeps the
@@ -303,8 +297,7 @@ class RadixCache(PrefixCache):
         child.child_key = child.key[0] if size == 1 else child.key[:size]
         upper.children[child.child_key] = child
         if child.candidate is not None:  # its priority may depend on depth or length
-            self._drop_candidate(child)
-            self._add_candidate(child)
+            self.candidates.rerank(child)
         return upper
 
     def _touch(self, node: TreeNode, now: int, hit: bool) -> None:
@@ -313,8 +306,7 @@ class RadixCache(PrefixCache):
         if hit:
             node.hit_count += 1
         if node.candidate is not None:
-            self._drop_candidate(node)
-            self._add_candidate(node)
+            self.candidates.rerank(node)
 
     # -- retention -----------------------------------------------------------------------------
     def retain(self, match: MatchResult, retention: Retention) -> None:
@@ -331,8 +323,7 @@ class RadixCache(PrefixCache):
         while node is not self.root and node.retain_until < until:
             node.retain_until = until
             if node.candidate is not None:
-                self._drop_candidate(node)
-                self._add_candidate(node, now)
+                self.candidates.rerank(node, now)
             node = node.parent
 
     @property
@@ -355,7 +346,7 @@ class RadixCache(PrefixCache):
                 self._evictable_tokens -= len(node.key)
                 self._protected_tokens += len(node.key)
                 if node.candidate is not None:
-                    self._drop_candidate(node)
+                    self.candidates.drop(node)
             node.lock_ref += 1
             node = node.parent
 
@@ -368,31 +359,13 @@ class RadixCache(PrefixCache):
                 self._evictable_tokens += len(node.key)
                 self._protected_tokens -= len(node.key)
                 if self._is_device_leaf(node):
-                    self._add_candidate(node)
+                    self.candidates.add(node)
             node = node.parent
 
     # -- eviction ------------------------------------------------------------------------------
     def _is_device_leaf(self, node: TreeNode) -> bool:
         """Tier hook: whether no child of `node` holds device pages (so it can be evicted)."""
         return not node.children
-
-    def _rank(self, node: TreeNode, end: int, now: float | None = None) -> tuple:
-        """Eviction rank of leaf `node` cut to its first `end` tokens (smallest first): not
-        retained at `now` (default: the clock), by the policy's priority; retained, after every
-        unretained leaf, by deadline. The clock is read only for a node that was ever retained."""
-        until = node.retain_until
-        if until and until > (self.clock() if now is None else now):
-            return (until, self.policy.priority(node, end))
-        return (NOT_RETAINED, self.policy.priority(node, end))
-
-    def _add_candidate(self, node: TreeNode, now: float | None = None) -> None:
-        entry = (self._rank(node, len(node.key), now), node.id, node)
-        node.candidate = entry
-        self._candidates.add(entry)
-
-    def _drop_candidate(self, node: TreeNode) -> None:
-        self._candidates.remove(node.candidate)
-        node.candidate = None
 
     def evict(self, num_tokens: int) -> int:
         """Evict from the lowest-ranked leaves until `num_tokens` are freed or none is left
@@ -407,20 +380,20 @@ class RadixCache(PrefixCache):
         freed = 0
         size = self.page_size
         granular = self.policy.page_granular
-        now = self._expire_retention() if num_tokens > 0 else None
-        while freed < num_tokens and self._candidates:
-            node = self._candidates.pop(0)[2]
-            node.candidate = None
+        candidates = self.candidates
+        now = candidates.expire() if num_tokens > 0 else None
+        while freed < num_tokens and candidates:
+            node = candidates.pop_lowest()
             self.policy.on_evict(node, self._clock)
             keep = len(node.key)
             if granular:
                 # rank the runner-up afresh: a policy's ranks may drift with its learned state
-                nxt = self._candidates[0][2] if self._candidates else None
-                runner_up = self._rank(nxt, len(nxt.key), now) if nxt is not None else None
+                nxt = candidates.lowest()
+                runner_up = candidates.rank(nxt, len(nxt.key), now) if nxt is not None else None
                 while keep and freed < num_tokens:
                     keep -= size
                     freed += size
-                    if keep and runner_up is not None and self._rank(node, keep, now) > runner_up:
+                    if keep and runner_up is not None and candidates.rank(node, keep, now) > runner_up:
                         break
             else:
                 drop = min(keep, -(-(num_tokens - freed) // size) * size)
@@ -430,22 +403,6 @@ class RadixCache(PrefixCache):
             self._evict_tail(node, keep)
         self.stats_evicted_tokens += freed
         return freed
-
-    def _expire_retention(self) -> float | None:
-        """Re-rank the candidates whose deadline has passed since they were ranked, so they rank
-        as any other leaf again; returns the clock reading the flags now hold at (None, and no
-        clock read, when no candidate is flagged retained)."""
-        candidates = self._candidates
-        if not candidates or candidates[-1][0][0] == NOT_RETAINED:  # retained ones sort last
-            return None
-        now = self.clock()
-        while True:
-            i = candidates.bisect_left(_FIRST_RETAINED)  # the earliest deadline among the flagged
-            if i == len(candidates) or candidates[i][0][0] > now:
-                return now
-            node = candidates[i][2]
-            self._drop_candidate(node)
-            self._add_candidate(node, now)
 
     def _evict_tail(self, node: TreeNode, keep: int) -> None:
         """Tier hook: the unlocked leaf `node` gives up its tokens past `keep`."""
@@ -464,7 +421,7 @@ class RadixCache(PrefixCache):
         node.pages = node.pages[: keep // self.page_size]
         self._evictable_tokens -= len(dropped) * self.page_size
         self.allocator.decref(dropped)
-        self._add_candidate(node)
+        self.candidates.add(node)
 
     def _delete_leaf(self, node: TreeNode) -> None:
         if self.events is not None:
@@ -476,7 +433,7 @@ class RadixCache(PrefixCache):
         self._release_node(node)
         if parent is not self.root and parent.lock_ref == 0 and parent.candidate is None \
                 and self._is_device_leaf(parent):
-            self._add_candidate(parent)
+            self.candidates.add(parent)
 
     def _release_node(self, node: TreeNode) -> None:
         """Tier hook: `node` leaves the tree for good (what it holds below the device goes too)."""

@@ -192,7 +192,7 @@ class HostTieredCache(RadixCache):
             self._add_host_candidate(node)
         parent = node.parent
         if parent is not self.root and parent.lock_ref == 0 and self._is_device_leaf(parent):
-            self._add_candidate(parent)
+            self.candidates.add(parent)
 
     def _release_node(self, node: TieredNode) -> None:
         # (no event: a device leaf is deleted only without a host copy, and a reset clears all)
@@ -214,10 +214,10 @@ class HostTieredCache(RadixCache):
             self._drop_host_candidate(node)
         parent = node.parent
         if parent.candidate is not None:  # it now has a device-resident child
-            self._drop_candidate(parent)
+            self.candidates.drop(parent)
         if node.lock_ref == 0:
             self._evictable_tokens += len(node.key)
-            self._add_candidate(node)
+            self.candidates.add(node)
         else:
             self._protected_tokens += len(node.key)
 

@@ -136,8 +136,7 @@ def test_a_conversation_that_continued_outlives_a_fresher_one_time_prompt():
     policy.hit_gap = 100.0  # idle gaps before reuse are long compared with these ticks
     for node in list(cache.nodes()):
         if node.candidate is not None:  # re-rank with the learned time scale
-            cache._drop_candidate(node)
-            cache._add_candidate(node)
+            cache.candidates.rerank(node)
     cache.evict(1)
     assert cache.match_prefix(TRUNK + [10, 11]).num_tokens < 6  # the one-time prompt lost its tail
     assert cache.match_prefix(TRUNK + [20, 21, 1020, 2020]).num_tokens == 8
@@ -165,8 +164,7 @@ def test_reuse_cost_keeps_deep_tokens_longer_than_shallow_ones():
     cache_tokens(cache, [60, 61])  # shallow and more recent
     policy.hit_gap = 10.0
     for node in list(cache.nodes()):
-        cache._drop_candidate(node)
-        cache._add_candidate(node)
+        cache.candidates.rerank(node)
     cache.evict(2)
     assert cache.match_prefix([60, 61]).num_tokens == 0  # the cheap tokens went first
     assert cache.match_prefix([50, 51, 52, 53, 54, 55, 56, 57]).num_tokens == 8

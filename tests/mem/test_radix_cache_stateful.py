@@ -213,7 +213,7 @@ class CacheMachine(RuleBasedStateMachine):
         retained = {p for p, until in tree_deadlines(self.cache).items() if until > now and p in device}
         freed = self.cache.evict(num_tokens)
         if num_tokens:  # an eviction re-ranks first every candidate whose retention ran out
-            assert all(hold == NOT_RETAINED or hold > now for (hold, _), _, _ in self.cache._candidates)
+            assert all(hold == NOT_RETAINED or hold > now for (hold, _), _, _ in self.cache.candidates)
         if retained - set(tree_prefixes(self.cache)):
             left = [n for n in self.cache.nodes() if n.on_device and n.lock_ref == 0
                     and self.cache._is_device_leaf(n) and n.retain_until <= now]
