@@ -117,6 +117,23 @@ def wait_running_with(server, key, n, timeout=60):
             time.sleep(0.05)
 
 
+def test_a_stored_response_belongs_to_the_key_that_made_it(two_keys):
+    """Through the server: another key's response id is as unknown as a wrong one (before the
+    SIGTERM test below stops this server)."""
+    a, b = ({"Authorization": f"Bearer {k}"} for k in ("key-a", "key-b"))
+    with httpx.Client(base_url=two_keys.url, timeout=60) as c:
+        made = c.post("/v1/responses", headers=a, json={"model": "SmolLM2-135M-Instruct", "input": "Hi",
+                                                         "max_output_tokens": 2, "temperature": 0})
+        assert made.status_code == 200, made.text
+        rid = made.json()["id"]
+        assert c.get(f"/v1/responses/{rid}", headers=b).status_code == 404
+        assert c.delete(f"/v1/responses/{rid}", headers=b).status_code == 404
+        r = c.post("/v1/responses", headers=b, json={"model": "SmolLM2-135M-Instruct", "input": "More",
+                                                      "previous_response_id": rid, "max_output_tokens": 2})
+        assert r.status_code == 400 and "previous_response_id" in r.json()["error"]["message"]
+        assert c.get(f"/v1/responses/{rid}", headers=a).json()["id"] == rid  # still a's
+
+
 def test_sigterm_drains_then_ends_what_is_left_with_an_error_event(two_keys):
     short = Stream(two_keys, "key-a", {"text": "Name a colour.", "sampling_params": {
         "max_new_tokens": 24, "temperature": 0, "ignore_eos": True}})
@@ -214,18 +231,3 @@ def test_a_draining_server_refuses_new_requests_but_lets_accepted_ones_start_the
 
     asyncio.run(main())
 
-
-def test_a_stored_response_belongs_to_the_key_that_made_it(two_keys):
-    """Through the server: another key's response id is as unknown as a wrong one."""
-    a, b = ({"Authorization": f"Bearer {k}"} for k in ("key-a", "key-b"))
-    with httpx.Client(base_url=two_keys.url, timeout=60) as c:
-        made = c.post("/v1/responses", headers=a, json={"model": "SmolLM2-135M-Instruct", "input": "Hi",
-                                                         "max_output_tokens": 2, "temperature": 0})
-        assert made.status_code == 200, made.text
-        rid = made.json()["id"]
-        assert c.get(f"/v1/responses/{rid}", headers=b).status_code == 404
-        assert c.delete(f"/v1/responses/{rid}", headers=b).status_code == 404
-        r = c.post("/v1/responses", headers=b, json={"model": "SmolLM2-135M-Instruct", "input": "More",
-                                                      "previous_response_id": rid, "max_output_tokens": 2})
-        assert r.status_code == 400 and "previous_response_id" in r.json()["error"]["message"]
-        assert c.get(f"/v1/responses/{rid}", headers=a).json()["id"] == rid  # still a's
