@@ -226,7 +226,7 @@ class HostTieredCache(RadixCache):
         need = len(device_pages)
         host = self.host
         if host.allocator.free_pages < need:
-            self._evict_host(need - host.allocator.free_pages)
+            self._evict_host(need)  # (the pages to have free, not the shortfall)
         if host.allocator.free_pages < need:
             return None
         host_pages = host.allocator.alloc(need)
