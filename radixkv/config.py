@@ -20,6 +20,8 @@ from radixkv.kv_bytes import KV_CACHE_DTYPES, parse_host_size, parse_size
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 SCHEDULE_POLICIES = ("lpm", "fcfs", "dfs-weight")
 LOG_LEVELS = ("debug", "info", "warning", "error")
+STORAGE_WRITE_POLICIES = ("write-back", "write-through-selective")
+STORAGE_PREFETCH_POLICIES = ("best_effort", "wait_complete", "timeout")
 SPECULATIVE_ALGORITHMS = ("ngram", "radix", "draft")
 EVICTION_POLICIES = ("lru", "lfu", "fifo", "reuse", "reuse-cost")
 """The online eviction policies by name (built by `radixkv.mem.eviction.make_policy`)."""
@@ -202,6 +204,20 @@ class EngineConfig:
                                     "instead of recomputing them (default: off)")
     host_write_policy: str = _opt("write-back", "when prefixes reach the host tier: write-back (on "
                                   "eviction) or write-through (as soon as they are cached)")
+    kv_storage_dir: str | None = _opt(None, "storage tier: a local directory where pages the host tier lets go "
+                                      "are kept as files, found again after a restart (needs "
+                                      "--host-kv-size; default: off)")
+    kv_storage_size: str = _opt("16GiB", "the storage tier's budget, in tokens (1000000) or bytes (16GiB); "
+                                "its least recently used pages go first")
+    kv_storage_write_policy: str = _opt("write-back", "when pages reach storage: write-back (when the host "
+                                        "tier lets them go) or write-through-selective (once hit "
+                                        "--kv-storage-hit-threshold times)")
+    kv_storage_hit_threshold: int = _opt(2, "write-through-selective: hits before a prefix is written to storage")
+    kv_storage_prefetch_policy: str = _opt("best_effort", "a request whose prefix continues in storage is "
+                                           "admitted with what has arrived (best_effort), once all of it has "
+                                           "(wait_complete), or once it has or the timeout passed (timeout)")
+    kv_storage_prefetch_timeout: float = _opt(1.0, "prefetch policy timeout: seconds a request waits for its "
+                                              "pages from storage")
     disable_radix_cache: bool = _opt(False, "no prefix sharing: every prompt is computed in full")
     starvation_limit: int = _opt(32, "lpm: a request passed over this many times is admitted first")
     retract_decode_steps: int = _opt(32, "decode steps of KV headroom kept per running request "
@@ -235,6 +251,23 @@ class EngineConfig:
                                         "for older subscribers (default: off)")
     log_level: str = _opt("info", "debug, info, warning or error (debug also checks cache "
                           "invariants after every step)")
+
+    def _check_storage(self, check) -> None:
+        parse_host_size(self.kv_storage_size, "kv_storage_size")
+        check(self.kv_storage_write_policy in STORAGE_WRITE_POLICIES, "kv_storage_write_policy",
+              f"must be one of {list(STORAGE_WRITE_POLICIES)}")
+        check(isinstance(self.kv_storage_hit_threshold, int) and self.kv_storage_hit_threshold >= 1,
+              "kv_storage_hit_threshold", "must be an integer >= 1")
+        check(self.kv_storage_prefetch_policy in STORAGE_PREFETCH_POLICIES, "kv_storage_prefetch_policy",
+              f"must be one of {list(STORAGE_PREFETCH_POLICIES)}")
+        check(isinstance(self.kv_storage_prefetch_timeout, (int, float)) and
+              math.isfinite(self.kv_storage_prefetch_timeout) and self.kv_storage_prefetch_timeout >= 0,
+              "kv_storage_prefetch_timeout", "must be a finite number of seconds >= 0")
+        if self.kv_storage_dir is not None:
+            check(bool(str(self.kv_storage_dir).strip()), "kv_storage_dir", "must name a directory")
+            check(self.host_kv_size is not None, "kv_storage_dir",
+                  "needs a host tier (--host-kv-size): pages reach storage from the host tier and come back through it")
+            check(self.tp_size == 1, "kv_storage_dir", "is not supported with tp_size > 1 yet")
 
     def __post_init__(self) -> None:
         def check(ok: bool, name: str, why: str) -> None:
@@ -280,6 +313,7 @@ class EngineConfig:
             check(not self.disable_radix_cache, "host_kv_size", "needs the radix cache (disable_radix_cache is set)")
         check(self.host_write_policy in ("write-back", "write-through"), "host_write_policy",
               "must be write-back or write-through")
+        self._check_storage(check)
         check(self.starvation_limit >= 1, "starvation_limit", "must be >= 1")
         check(self.retract_decode_steps >= 1, "retract_decode_steps", "must be >= 1")
         check(self.log_level in LOG_LEVELS, "log_level", f"must be one of {LOG_LEVELS}")

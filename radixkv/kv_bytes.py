@@ -96,11 +96,11 @@ def format_bytes(num_bytes: int) -> str:
     return f"{text} {unit}"
 
 
-def parse_host_size(text: str | int) -> tuple[str, int]:
+def parse_host_size(text: str | int, field: str = "host_kv_size") -> tuple[str, int]:
     """`--host-kv-size`: a plain number is tokens ("200000"), a number with a unit is bytes
     ("2GiB", "512MB"; units as in `radixkv kv-size`). Returns ("tokens" | "bytes", amount)."""
     s = str(text).strip()
-    bad = ConfigError(f"host_kv_size={text!r}: give tokens (e.g. 200000) or bytes with a unit "
+    bad = ConfigError(f"{field}={text!r}: give tokens (e.g. 200000) or bytes with a unit "
                       f"(e.g. 2GiB, 512MB)")
     if not any(c.isalpha() for c in s):
         if not s.isdigit() or int(s) <= 0:
@@ -115,10 +115,10 @@ def parse_host_size(text: str | int) -> tuple[str, int]:
     return "bytes", amount
 
 
-def host_tier_pages(size: str | int, page_size: int, bytes_per_page: int) -> int:
+def host_tier_pages(size: str | int, page_size: int, bytes_per_page: int, field: str = "host_kv_size") -> int:
     """Host pages that `size` (see `parse_host_size`) holds."""
-    kind, amount = parse_host_size(size)
+    kind, amount = parse_host_size(size, field)
     pages = amount // page_size if kind == "tokens" else amount // bytes_per_page - 1
     if pages < 1:
-        raise ConfigError(f"host_kv_size={size!r} holds no page of {page_size} tokens ({bytes_per_page} bytes)")
+        raise ConfigError(f"{field}={size!r} holds no page of {page_size} tokens ({bytes_per_page} bytes)")
     return pages

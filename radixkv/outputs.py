@@ -38,6 +38,8 @@ class ReqOutput:
     input_top_logprobs: list[list[list] | None] | None = None
     spec_verify_ct: int = 0  # speculative decoding: forwards that verified drafts (SGLang's name)
     spec_accepted_tokens: int = 0  # draft tokens kept
+    host_hit_tokens: int = 0  # of cached_tokens, copied back from the host tier
+    storage_hit_tokens: int = 0  # of cached_tokens, read from the storage tier
 
     @classmethod
     def failed(cls, rid: str, message: str, kind: ErrorKind) -> ReqOutput:
@@ -50,7 +52,13 @@ class ReqOutput:
         return {"id": self.rid, "prompt_tokens": self.prompt_tokens, "cached_tokens": self.cached_tokens,
                 "completion_tokens": self.completion_tokens, "finish_reason": self.finish_reason,
                 "ttft": self.ttft, "e2e_latency": self.latency, "spec_verify_ct": self.spec_verify_ct,
-                "spec_accepted_tokens": self.spec_accepted_tokens}
+                "spec_accepted_tokens": self.spec_accepted_tokens,
+                "cached_tokens_details": self.cached_tokens_details()}
+
+    def cached_tokens_details(self) -> dict[str, int]:
+        """Where the cached part of the prompt came from: the device pool, the host tier, storage."""
+        return {"device": self.cached_tokens - self.host_hit_tokens - self.storage_hit_tokens,
+                "host": self.host_hit_tokens, "storage": self.storage_hit_tokens}
 
     def raise_if_error(self) -> None:
         """Raise the typed error (`radixkv.errors.error_of_kind`) of a request that failed."""

@@ -40,8 +40,11 @@ class MatchResult:
     ends (inside that node's edge, unless `settle`d).
 
     With a host tier, `host_tokens` more tokens of the key continue the match one tier down
-    (`load_back` brings them to the device). `key`, `namespace` and `epoch` (the tree's removal
-    count when it was matched) let `settle` notice a match that went stale and redo it."""
+    (`load_back` brings them to the device); with a storage tier, `storage_tokens` more continue
+    it in storage (a prefetch brings them to the host). Of a `load_back`'s result, `from_storage`
+    is how many of the tokens it loaded a prefetch had brought from storage. `key`, `namespace`
+    and `epoch` (the tree's removal count when it was matched) let `settle` notice a match that
+    went stale and redo it."""
 
     pages: list[int]
     num_tokens: int
@@ -50,6 +53,8 @@ class MatchResult:
     key: tuple = ()
     namespace: Namespace = None
     epoch: int = 0
+    storage_tokens: int = 0
+    from_storage: int = 0
 
 
 @dataclass(frozen=True, slots=True)

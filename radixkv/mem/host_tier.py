@@ -68,6 +68,19 @@ class HostTier:
         """Copy the KV of `host_pages` into `device_pages` (already allocated)."""
         self.loaded_tokens += len(host_pages) * self.page_size
 
+    def rows(self, host_pages: Sequence[int]) -> list[torch.Tensor] | None:
+        """The bytes of `host_pages`: one CPU tensor `[n, *shape]` per storage tensor of the
+        pool (copies); None where the tier keeps no bytes."""
+        return None
+
+    def device_rows(self, device_pages: Sequence[int]) -> list[torch.Tensor] | None:
+        """As `rows`, read from the device pool's `device_pages`."""
+        return None
+
+    def put_pages(self, host_pages: Sequence[int], pages: Sequence[list[torch.Tensor]]) -> None:
+        """Put `pages` (one entry per page: its rows of every storage tensor, as a storage read
+        returns them) into `host_pages` (already allocated)."""
+
 
 class HostKVTier(HostTier):
     """Host copies of a device `KVPool`'s pages: every storage tensor, page for page."""
@@ -95,6 +108,19 @@ class HostKVTier(HostTier):
             host.index_copy_(0, dst, data.to("cpu"))  # synchronous: the pages may be reused next
         if self.journal is not None:
             self.journal.host_save(device_pages, host_pages)
+
+    def rows(self, host_pages):
+        src = torch.tensor(list(host_pages), dtype=torch.int64)
+        return [host.index_select(0, src) for host in self.storage]
+
+    def device_rows(self, device_pages):
+        src = torch.tensor(list(device_pages), dtype=torch.int64, device=self.pool.device)
+        return [data.to("cpu") for data in self.pool.read_pages(src)]
+
+    def put_pages(self, host_pages, pages) -> None:
+        dst = torch.tensor(list(host_pages), dtype=torch.int64)
+        for host, rows in zip(self.storage, zip(*pages)):
+            host.index_copy_(0, dst, torch.stack(rows).to(host.dtype))
 
     def load(self, host_pages, device_pages) -> None:
         super().load(host_pages, device_pages)

@@ -75,3 +75,14 @@ class TieredNode(TreeNode):
         super().__init__(key, pages, parent, now)
         self.host_pages: list[int] | None = None  # host-tier copy of `key`, if any
         self.host_candidate: tuple | None = None  # entry in the host tier's LRU, if any
+
+
+class StorageNode(TieredNode):
+    """A node of a tree with a storage tier under the host tier (`radixkv.mem.storage_cache`)."""
+
+    __slots__ = ("storage_keys", "from_storage")
+
+    def __init__(self, key: tuple, pages: list[int], parent: TreeNode | None, now: int):
+        super().__init__(key, pages, parent, now)
+        self.storage_keys: list[bytes] | None = None  # one key per page (`page_keys`), once computed
+        self.from_storage = False  # installed from storage and not yet loaded on to the device

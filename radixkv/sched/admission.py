@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from radixkv.config import EngineConfig
 from radixkv.sched.kv import BatchRow, RequestKV
 from radixkv.sched.policy import InBatchPrefixes, SchedulePolicy, match_key
+from radixkv.sched.prefetch import Prefetcher
 from radixkv.sched.request import Req, ReqStatus
 from radixkv.sched.stats import SchedulerStats
 
@@ -38,10 +39,12 @@ class Admission:
     """Builds each step's `Schedule` over the scheduler's `waiting` queue and `running` list."""
 
     def __init__(self, config: EngineConfig, kv: RequestKV, policy: SchedulePolicy, stats: SchedulerStats,
-                 waiting: deque[Req], running: list[Req], proposer=None, context_length: int | None = None):
+                 waiting: deque[Req], running: list[Req], proposer=None, context_length: int | None = None,
+                 prefetcher: Prefetcher | None = None):
         self.config, self.kv, self.policy, self.stats = config, kv, policy, stats
         self.waiting, self.running = waiting, running
         self.proposer, self.context_length = proposer, context_length  # speculative decoding
+        self.prefetcher = prefetcher  # storage reads that waiting requests may wait on
 
     def schedule(self) -> Schedule | None:
         """The next forward's rows, or None when nothing can run."""
@@ -128,18 +131,25 @@ class Admission:
             key = match_key(req)
             if self.policy.cache_aware and in_batch.shares(key, req.match_len):
                 continue  # computed once by an earlier request of this batch, then hit
+            if self.prefetcher is not None and not self.prefetcher.admit_ready(req):
+                continue  # its pages are still on their way from storage
             chunk = min(budget, self.config.chunked_prefill_size or req.seq_len)
             done = self.kv.admit(req, req.peeked, chunk, self.kv.headroom(self.running))
             req.peeked = None  # a look is good for this step only
             if done is None:
                 break
             self.running.append(req)
+            if self.prefetcher is not None:
+                self.prefetcher.forget(req)
             if not req.admitted_once:
                 req.admitted_once = True
                 req.admit_time = time.perf_counter()
                 req.cached_tokens = min(done.cached_tokens, len(req.prompt_ids))
-                self.stats.record_admission(len(req.prompt_ids), req.cached_tokens,
-                                            min(done.host_tokens, req.cached_tokens))
+                req.host_hit_tokens = min(done.host_tokens, req.cached_tokens)
+                req.storage_hit_tokens = min(done.storage_tokens, req.host_hit_tokens)
+                req.host_hit_tokens -= req.storage_hit_tokens
+                self.stats.record_admission(len(req.prompt_ids), req.cached_tokens, req.host_hit_tokens,
+                                            req.storage_hit_tokens)
             admitted.add(req.rid)
             in_batch.add(key)
             rows.append(done.row)

@@ -45,11 +45,13 @@ class BatchRow:
 @dataclass(frozen=True, slots=True)
 class Admitted:
     """A request admitted with a cached prefix of `cached_tokens` (of which `host_tokens` came
-    back from the host tier), and the first chunk it runs."""
+    back from the host tier, `storage_tokens` of those brought there from storage by its
+    prefetch), and the first chunk it runs."""
 
     row: BatchRow
     cached_tokens: int
     host_tokens: int
+    storage_tokens: int = 0
 
 
 class RequestKV:
@@ -77,11 +79,12 @@ class RequestKV:
         page rounding is counted once (as `validate` counts it). Evicts only when that makes
         enough room."""
         match = self.cache.settle(match if match is not None else self.peek(req))  # current, on a node
-        host_tokens = 0
+        host_tokens = storage_tokens = 0
         if match.host_tokens:  # copy the host tier's part back rather than recompute it
             loaded = self.cache.load_back(match)
             # what did not fit back is recomputed: this request uses none of it
             host_tokens, match = loaded.num_tokens - match.num_tokens, replace(loaded, host_tokens=0)
+            storage_tokens = loaded.from_storage
         self.cache.lock(match.last_node)
         n = min(req.seq_len - match.num_tokens, chunk)
         horizon = min(req.remaining_new_tokens, self.horizon)
@@ -94,7 +97,7 @@ class RequestKV:
         req.status, req.last_node, req.kv_len = ReqStatus.RUNNING, match.last_node, match.num_tokens
         req.row = self.req_table.alloc()
         self.req_table.write(req.row, 0, req.seq.slots())
-        return Admitted(self.grow(req, n), match.num_tokens, host_tokens)
+        return Admitted(self.grow(req, n), match.num_tokens, host_tokens, storage_tokens)
 
     def headroom(self, running: list[Req]) -> int:
         """Pages kept free for the next `retract_decode_steps` decode steps of `running`."""

@@ -51,6 +51,8 @@ class Req:
     kv_len: int = 0
     # accounting
     cached_tokens: int = 0  # prompt tokens served from the cache at first admission
+    host_hit_tokens: int = 0  # of those, copied back from the host tier
+    storage_hit_tokens: int = 0  # of those, read from the storage tier
     admitted_once: bool = False
     passed_over: int = 0  # scheduling rounds this request was skipped (lpm starvation bound)
     retractions: int = 0
@@ -121,6 +123,7 @@ class Req:
             latency=None if self.finish_time is None else self.finish_time - self.arrival_time,
             error=error, error_kind=error_kind, output_logprobs=out_lp, output_top_logprobs=out_top,
             input_logprobs=in_lp, input_top_logprobs=in_top, spec_verify_ct=self.spec_verify_ct,
+            host_hit_tokens=self.host_hit_tokens, storage_hit_tokens=self.storage_hit_tokens,
             spec_accepted_tokens=self.spec_accepted_tokens)
 
     def check(self) -> None:

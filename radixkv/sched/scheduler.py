@@ -37,6 +37,7 @@ from radixkv.sched.batch import ScheduledBatch
 from radixkv.sched.kv import RequestKV
 from radixkv.sched.policy import SchedulePolicy
 from radixkv.sched.postprocess import PostProcessor
+from radixkv.sched.prefetch import Prefetcher, open_storage
 from radixkv.sched.request import Req, ReqStatus
 from radixkv.sched.speculative import DraftLength, make_proposer
 from radixkv.sched.stats import SchedulerStats
@@ -69,8 +70,12 @@ class Scheduler:
         self.eos_ids = frozenset(eos_ids) | frozenset(runner.model_config.eos_token_ids)
         self.page_size = config.page_size
         self.allocator = memory.allocator
+        storage, identity = self._storage(config, runner, memory)
         self.cache = make_prefix_cache(self.allocator, config.eviction_policy, runner.model_config.attention_scale,
-                                       host_tier=memory.host, disabled=config.disable_radix_cache)
+                                       host_tier=memory.host, disabled=config.disable_radix_cache,
+                                       storage=storage, identity=identity)
+        self.prefetcher = Prefetcher(self.cache, config.kv_storage_prefetch_policy,
+                                     config.kv_storage_prefetch_timeout) if storage is not None else None
         self.waiting: deque[Req] = deque()
         self.running: list[Req] = []
         self.reqs: dict[str, Req] = {}
@@ -80,12 +85,19 @@ class Scheduler:
         self.kv = RequestKV(memory, self.cache, config.retract_decode_steps)
         self.proposer = self._proposer(config)
         self.admission = Admission(config, self.kv, self.policy, self.stats, self.waiting, self.running,
-                                   self.proposer, runner.context_length)
+                                   self.proposer, runner.context_length, self.prefetcher)
         self.post = PostProcessor(Sampler(runner.device, config.random_seed), self.eos_ids, runner.context_length,
                                   decoder, runner.model_config.vocab_size, self.stats)
         self._grammars = None  # GrammarService, started by the first constrained request
         self.timeline = open_timeline(config.timeline_file)
         self.kv_events = self._kv_event_publisher(config)
+
+    @staticmethod
+    def _storage(config: EngineConfig, runner: ModelRunner, memory: KVMemory):
+        """(the storage tier `--kv-storage-dir` asks for, its key identity), or (None, b"")."""
+        if config.kv_storage_dir is None or memory.host is None or config.disable_radix_cache:
+            return None, b""
+        return open_storage(config, runner.model_dir, memory)
 
     def _proposer(self, config: EngineConfig):
         """The draft proposer `speculative_algorithm` names, or None (speculation off)."""
@@ -195,6 +207,8 @@ class Scheduler:
             return None
         if req in self.waiting:
             self.waiting.remove(req)
+        if self.prefetcher is not None:
+            self.prefetcher.forget(req)
         spec = req.params.grammar
         if req in self.grammar_waiting.get(spec, ()):
             self.grammar_waiting[spec].remove(req)
@@ -218,6 +232,8 @@ class Scheduler:
         """
         start = time.perf_counter()
         outputs = self._receive_grammars()
+        if self.prefetcher is not None:
+            self.prefetcher.poll(self.waiting)
         schedule = self.admission.schedule()
         if schedule is None:
             return outputs + self._idle()
@@ -272,6 +288,9 @@ class Scheduler:
         if self.grammar_waiting and not self.waiting and not self.running:
             return self._receive_grammars(GRAMMAR_WAIT_SECONDS)
         if not self.waiting or self.running:
+            return []
+        if self.prefetcher is not None and self.prefetcher.pending:  # requests wait on storage reads
+            self.prefetcher.wait(0.002)
             return []
         req = self.waiting.popleft()
         logger.error("request %s cannot be admitted into an idle pool; aborting it", req.rid)
@@ -328,7 +347,7 @@ class Scheduler:
             "waiting_requests": len(self.waiting) + sum(map(len, self.grammar_waiting.values())),
             "running_requests": len(self.running),
             "max_cache_retention": self.config.max_cache_retention,
-        } | self.kv.stats() | self._host_stats() | self.runner.parallel_stats() | self.runner.compile_stats() | self.runner.moe_stats() | (
+        } | self.kv.stats() | self._host_stats() | self._storage_stats() | self.runner.parallel_stats() | self.runner.compile_stats() | self.runner.moe_stats() | (
             self.kv_events.stats() if self.kv_events is not None else {})
 
     def _host_stats(self) -> dict[str, Any]:
@@ -340,9 +359,21 @@ class Scheduler:
                 "host_saved_tokens": host.saved_tokens, "host_loaded_tokens": host.loaded_tokens,
                 "host_evicted_tokens": self.cache.stats_host_evicted_tokens}
 
+    def _storage_stats(self) -> dict[str, Any]:
+        storage = getattr(self.cache, "storage", None)
+        if storage is None:
+            return {"storage_enabled": False}
+        return storage.stats() | {"storage_loaded_tokens": self.cache.stats_storage_loaded_tokens}
+
     def close(self) -> None:
-        """Stop the grammar compiler, the KV event publisher (after its last batch) and the other
-        tensor-parallel ranks, if any."""
+        """Stop the grammar compiler, the KV event publisher (after its last batch), the storage
+        tier's threads (after its writes in flight) and the other tensor-parallel ranks, if any."""
+        storage = getattr(self.cache, "storage", None)
+        if storage is not None:
+            pages = self.cache.persist()  # what the device and host tiers hold survives the restart
+            storage.close()
+            logger.info("KV storage: %d page(s) written at shutdown; %d page(s) stored in %s", pages,
+                        storage.stored_pages, storage.directory)
         if self.kv_events is not None:
             self.publish_kv_events()
             self.kv_events.close()

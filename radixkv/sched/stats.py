@@ -14,7 +14,8 @@ class SchedulerStats:
     finished_requests: int = 0
     prompt_tokens: int = 0  # of admitted requests
     cached_prompt_tokens: int = 0  # of those, served from the prefix cache (either tier)
-    host_hit_tokens: int = 0  # of those, copied back from the host tier
+    host_hit_tokens: int = 0  # of those, copied back from the host tier (and there before the request came)
+    storage_hit_tokens: int = 0  # of those, read from the storage tier by the request's prefetch
     generated_tokens: int = 0
     retractions: int = 0
     extend_steps: int = 0  # forwards with prefill tokens (mixed ones included)
@@ -37,11 +38,13 @@ class SchedulerStats:
     step_seconds: dict[str, float] = field(default_factory=lambda: {"extend": 0.0, "decode": 0.0})
     forward_seconds: dict[str, float] = field(default_factory=lambda: {"extend": 0.0, "decode": 0.0})
 
-    def record_admission(self, prompt_tokens: int, cached_tokens: int, host_tokens: int = 0) -> None:
+    def record_admission(self, prompt_tokens: int, cached_tokens: int, host_tokens: int = 0,
+                         storage_tokens: int = 0) -> None:
         self.admitted_requests += 1
         self.prompt_tokens += prompt_tokens
         self.cached_prompt_tokens += cached_tokens
         self.host_hit_tokens += host_tokens
+        self.storage_hit_tokens += storage_tokens
 
     def record_first_token(self, arrival: float, admitted: float, first_token: float) -> None:
         """A request's first token: how long it queued, and how long its prefill took."""
@@ -79,7 +82,8 @@ class SchedulerStats:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["cache_hit_rate"] = self.cache_hit_rate
-        d["device_hit_tokens"] = self.cached_prompt_tokens - self.host_hit_tokens  # served from the KV pool
+        # served from the KV pool as it was
+        d["device_hit_tokens"] = self.cached_prompt_tokens - self.host_hit_tokens - self.storage_hit_tokens
         d["recomputed_prompt_tokens"] = self.prompt_tokens - self.cached_prompt_tokens
         d["spec_accept_rate"] = self.spec_accepted_tokens / self.spec_draft_tokens if self.spec_draft_tokens else 0.0
         # tokens a verifying forward produced for its request: kept drafts + the target's own

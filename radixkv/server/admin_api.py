@@ -52,7 +52,8 @@ async def server_info(request: Request):
             "chat_roles": chat_roles(request), "processes": {"http": os.getpid(), **state.child_pids},
             "ipc_directory": state.ipc_directory, "kv_pool": {k: stats[k] for k in POOL_FIELDS},
             "requests": {"running": stats["running_requests"], "waiting": stats["waiting_requests"]},
-            "kv_events": kv_events_info(state.manager.info.get("kv_events"), stats), "stats": stats}
+            "kv_events": kv_events_info(state.manager.info.get("kv_events"), stats),
+            "kv_storage": {k: v for k, v in stats.items() if k.startswith("storage_")} or None, "stats": stats}
 
 
 def kv_events_info(described: dict[str, Any] | None, stats: dict[str, Any]) -> dict[str, Any] | None:

@@ -39,9 +39,19 @@ class ServerMetrics:
                 ("cache_hit_rate", "Prompt tokens served from the cache / prompt tokens, since start"),
                 ("device_hit_tokens", "Prompt tokens served from the KV pool, since start"),
                 ("host_hit_tokens", "Prompt tokens copied back from the host tier, since start"),
-                ("recomputed_prompt_tokens", "Prompt tokens computed (not served by either tier), since start"),
+                ("recomputed_prompt_tokens", "Prompt tokens computed (not served by any tier), since start"),
                 ("host_total_tokens", "Host tier capacity in tokens (0: no host tier)"),
                 ("host_used_tokens", "Host tier tokens in use"),
+                ("storage_hit_tokens", "Prompt tokens read from the storage tier (--kv-storage-dir), since start"),
+                ("storage_total_tokens", "Storage tier capacity in tokens (0: no storage tier)"),
+                ("storage_used_tokens", "Storage tier tokens stored"),
+                ("storage_bytes_read", "Bytes read from the storage tier, since start"),
+                ("storage_bytes_written", "Bytes written to the storage tier, since start"),
+                ("storage_prefetches_complete", "Storage prefetches installed whole, since start"),
+                ("storage_prefetches_partial", "Storage prefetches installed in part (the request went on "
+                 "before all pages arrived, or the tree already held some), since start"),
+                ("storage_prefetches_failed", "Storage prefetches cut short by a page that failed its check "
+                 "or was evicted, since start"),
                 ("tp_size", "Tensor-parallel ranks the model runs on"),
                 ("tp_all_reduce_ms_per_forward", "Tensor parallel: milliseconds per forward inside "
                  "all-reduces on rank 0 (waiting for the other ranks included), since start"),

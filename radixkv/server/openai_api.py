@@ -64,10 +64,16 @@ def call_json(call: ToolCall, index: int | None = None) -> dict[str, Any]:
     return out if index is None else {"index": index, **out}
 
 
-def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
+def usage(prompt_tokens: int, completion_tokens: int, cached: dict[str, int]) -> dict[str, Any]:
+    """OpenAI's usage; `cached` is where the cached prompt tokens came from (`{device, host,
+    storage}`), reported beside their sum as SGLang does (`cached_tokens_details`)."""
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
+            "prompt_tokens_details": {"cached_tokens": sum(cached.values()), "cached_tokens_details": cached}}
+
+
+def summed(details: list[dict[str, int]]) -> dict[str, int]:
+    return {tier: sum(d[tier] for d in details) for tier in ("device", "host", "storage")}
 
 
 class Job:
@@ -80,14 +86,14 @@ class Job:
                  namespace: str | None = None, echo: str | None = None, retention: Retention | None = None):
         self.ids, self.params, self.logprob, self.namespace, self.echo = ids, params, logprob, namespace, echo
         self.retention = retention
-        self.cached_tokens: int | None = None  # of the prompt, before this request (n > 1)
+        self.cached: dict[str, int] | None = None  # of the prompt, before this request (n > 1), per tier
 
     async def prefill_if_shared(self, manager: TokenizerManager) -> None:
         """n > 1: compute the prompt once, so every sample reads it from the cache."""
         if len(self.params) > 1:
             _, _, last = await manager.generate(self.ids, SamplingParams(max_new_tokens=0), namespace=self.namespace,
                                                 retention=self.retention)
-            self.cached_tokens = last.cached_tokens
+            self.cached = last.cached_tokens_details()
 
     def generate(self, manager: TokenizerManager, params: SamplingParams):
         return manager.generate(self.ids, params, namespace=self.namespace, logprob=self.logprob,
@@ -216,22 +222,22 @@ async def completions(request: Request):
         return streaming_response(completion_events(manager, jobs, owner, chunks, meta, include_usage))
     per_job = await until_disconnected(request, all_or_none(
         *(all_or_none(*(job.generate(manager, p) for p in job.params)) for job in jobs)))
-    choices, completion, cached = [], 0, 0
+    choices, completion, cached = [], 0, []
     for i, (job, results) in enumerate(zip(jobs, per_job)):
         for j, (text, got, last) in enumerate(results):
             choices.append({"index": i * len(job.params) + j, "text": (job.echo or "") + text,
                             "logprobs": completion_logprobs(manager, job, got),
                             "finish_reason": finish_reason_name(last.finish_reason)})
             completion += last.completion_tokens
-        cached += job_cached(job, [r[2] for r in results])
+        cached.append(job_cached(job, [r[2] for r in results]))
     return {**meta, "object": "text_completion", "choices": choices,
-            "usage": usage(sum(len(j.ids) for j in jobs), completion, cached)}
+            "usage": usage(sum(len(j.ids) for j in jobs), completion, summed(cached))}
 
 
-def job_cached(job: Job, lasts: list[Chunk]) -> int:
-    """Prompt tokens the cache served: the first sample's count, or, when the prompt was
+def job_cached(job: Job, lasts: list[Chunk]) -> dict[str, int]:
+    """Prompt tokens the cache served, per tier: the first sample's, or, when the prompt was
     prefilled once for n samples, what that prefill found cached."""
-    return job.cached_tokens if job.cached_tokens is not None else lasts[0].cached_tokens
+    return job.cached if job.cached is not None else lasts[0].cached_tokens_details()
 
 
 def completion_prompts(manager: TokenizerManager, prompt) -> list[list[int]]:
@@ -406,6 +412,6 @@ async def completion_events(manager: TokenizerManager, jobs: list[Job], owner: d
         if chunk.finished:
             lasts[index] = chunk
     if include_usage:
-        cached = sum(job_cached(job, [lasts[k] for k in sorted(lasts) if owner[k] is job]) for job in jobs)
+        cached = summed([job_cached(job, [lasts[k] for k in sorted(lasts) if owner[k] is job]) for job in jobs])
         yield {**base, "choices": [], "usage": usage(sum(len(j.ids) for j in jobs),
                                                      sum(c.completion_tokens for c in lasts.values()), cached)}

@@ -27,6 +27,7 @@ from radixkv.mem import (
     make_prefix_cache,
 )
 from radixkv.mem.host_tier import HostTier, HostTierConfig
+from radixkv.mem.storage_tier import StorageTier, StorageTierConfig
 from radixkv.retention import Retention
 from radixkv.workloads.trace import BLOCK_SIZE, TraceRequest, expand_tokens, rehash
 
@@ -69,14 +70,16 @@ class ReplayResult:
     prefill_work: float  # recompute cost of all prompt tokens (see `token_cost`)
     prefill_work_saved: float  # cost of the tokens served from the cache
     host_capacity_tokens: int = 0  # the host tier (0: none)
-    host_hit_tokens: int = 0  # of `hit_tokens`, copied back from the host tier
+    host_hit_tokens: int = 0  # of `hit_tokens`, copied back from the host tier (storage's excluded)
+    storage_capacity_tokens: int = 0  # the storage tier (0: none)
+    storage_hit_tokens: int = 0  # of `hit_tokens`, read from the storage tier
     hints: str = "none"  # retention hints the requests carried (see HINTS)
     hint_seconds: float = 0.0  # how long each hint asked to keep its request's prefixes
     hinted_requests: int = 0
 
     @property
     def device_hit_tokens(self) -> int:
-        return self.hit_tokens - self.host_hit_tokens
+        return self.hit_tokens - self.host_hit_tokens - self.storage_hit_tokens
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -165,7 +168,11 @@ def build_cache(
     host_capacity_tokens: int = 0,
     host_write_policy: str = "write-back",
     clock: Callable[[], float] | None = None,
+    storage_capacity_tokens: int = 0,
 ) -> tuple[PrefixCache, BeladyOracle | None]:
+    """The cache a replay runs: `policy` over `capacity_tokens` of device pages, with a host tier
+    of `host_capacity_tokens` and a storage tier of `storage_capacity_tokens` under it (0: none;
+    storage needs the host tier)."""
     clock = clock or TraceClock()
     if policy in BOUNDS:  # room for the whole trace: nothing is ever evicted
         capacity_tokens = sum(r.input_length for r in trace) + page_size
@@ -173,15 +180,21 @@ def build_cache(
     host = None
     if host_capacity_tokens >= page_size:
         host = HostTier(HostTierConfig(host_capacity_tokens // page_size, page_size, host_write_policy))
+    storage = None
+    if storage_capacity_tokens >= page_size:
+        if host is None:
+            raise ValueError("a storage tier needs a host tier above it (host_capacity_tokens)")
+        storage = StorageTier(StorageTierConfig(storage_capacity_tokens // page_size, page_size))
+    tiers = dict(host_tier=host, clock=clock, storage=storage)
     if policy == "none":
         return make_prefix_cache(allocator, disabled=True), None
     if policy == "inf":
-        return make_prefix_cache(allocator, "lru", host_tier=host, clock=clock), None
+        return make_prefix_cache(allocator, "lru", **tiers), None
     if policy in OFFLINE_POLICIES:
         oracle = BeladyOracle(trace, block_size)
         rule = BeladyPolicy(oracle) if policy == "belady" else ReuseOraclePolicy(oracle)
-        return make_prefix_cache(allocator, rule, host_tier=host, clock=clock), oracle
-    return make_prefix_cache(allocator, make_policy(policy, attention_scale), host_tier=host, clock=clock), None
+        return make_prefix_cache(allocator, rule, **tiers), oracle
+    return make_prefix_cache(allocator, make_policy(policy, attention_scale), **tiers), None
 
 
 def replay(
@@ -197,11 +210,14 @@ def replay(
     host_write_policy: str = "write-back",
     hints: str = "none",
     hint_seconds: float = 300.0,
+    storage_capacity_tokens: int = 0,
 ) -> ReplayResult:
     """Replay `trace` through a cache of `capacity_tokens`; `check_every` > 0 runs the
     invariant check every that many requests (slow; for tests). With `host_capacity_tokens`,
     evicted prefixes go to a host tier of that size and matches load them back (counted as
-    hits, and separately as `host_hit_tokens`). `hints` (one of HINTS) gives requests a
+    hits, and separately as `host_hit_tokens`); with `storage_capacity_tokens` too, what the
+    host tier lets go goes to a storage tier of that size, and a match continuing there is
+    read back through the host tier first (`storage_hit_tokens`). `hints` (one of HINTS) gives requests a
     retention hint of `hint_seconds`, read against the trace's time.
 
     A trace with real `input_ids` is first rehashed at page granularity, so the replay shares
@@ -213,12 +229,12 @@ def replay(
         raise ValueError(f"hints={hints!r}: must be one of {HINTS}")
     clock = TraceClock()
     cache, oracle = build_cache(policy, capacity_tokens, page_size, trace, block_size, attention_scale,
-                                host_capacity_tokens, host_write_policy, clock)
+                                host_capacity_tokens, host_write_policy, clock, storage_capacity_tokens)
     allocator = cache.allocator
     name = policy if isinstance(policy, str) else policy.name
     hint = Retention.whole(hint_seconds)
     future = (oracle or BeladyOracle(trace, block_size)) if hints == "oracle" else None
-    hit_tokens = prompt_tokens = uncached = host_hits = hinted = 0
+    hit_tokens = prompt_tokens = uncached = host_hits = storage_hits = hinted = 0
     work = saved = 0.0
     start = time.perf_counter()
     for i, req in enumerate(trace):
@@ -226,11 +242,16 @@ def replay(
         clock.seconds = req.timestamp / 1000
         if oracle is not None:
             oracle.now = i
-        match = cache.match_prefix(key)
+        match = cache.peek(key)
+        if match.storage_tokens:  # the prefetch, waited for
+            match = cache.load_from_storage(match)
+        match = cache.settle(match)
+        cache.record_use(match)
         if match.host_tokens:
             on_device = match.num_tokens
             match = cache.load_back(match, key)
-            host_hits += match.num_tokens - on_device
+            host_hits += match.num_tokens - on_device - match.from_storage
+            storage_hits += match.from_storage
         hit_tokens += match.num_tokens
         prompt_tokens += len(key)
         work += token_cost_prefix_sum(len(key), attention_scale)
@@ -260,6 +281,8 @@ def replay(
         prefill_work_saved=saved,
         host_capacity_tokens=host_capacity_tokens,
         host_hit_tokens=host_hits,
+        storage_capacity_tokens=storage_capacity_tokens,
+        storage_hit_tokens=storage_hits,
         hints=hints,
         hint_seconds=hint_seconds if hints != "none" else 0.0,
         hinted_requests=hinted,

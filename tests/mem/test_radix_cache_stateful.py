@@ -436,3 +436,130 @@ def test_radix_cache_with_host_tier_matches_naive_reference():
     )
     HostCacheMachine.TestCase().runTest()
     assert all(HostCacheMachine.seen.values()), HostCacheMachine.seen  # every host-tier path ran
+
+
+# -- with a host tier and a storage tier under it --------------------------------------------------
+STORAGE_PAGES = 10
+IDENTITY = b"stateful-machine"
+
+
+class LabelledTiers:
+    """A host tier and a storage tier whose "bytes" are labels (see `LabelledHostTier`): pages
+    written to storage keep the label of the host or device page they came from, reads return
+    it, and installing puts it on the host page."""
+
+    def __new__(cls, page_size, write_policy):
+        from radixkv.mem.storage_tier import StorageTier, StorageTierConfig
+
+        host = LabelledHostTier(page_size, "write-back")
+        host.rows = lambda pages: [host.host[p] for p in pages]
+        host.device_rows = lambda pages: [host.device[p] for p in pages]
+
+        def put_pages(pages, labels):
+            for p, label in zip(pages, labels):
+                host.host[p] = label
+        host.put_pages = put_pages
+
+        class _Storage(StorageTier):
+            def __init__(self):
+                super().__init__(StorageTierConfig(STORAGE_PAGES, page_size, write_policy, hit_threshold=2))
+                self.labels: dict[bytes, tuple] = {}
+
+            def _store(self, keys, rows, picked):
+                for key, i in zip(keys, picked):
+                    self.labels[key] = rows[i]
+                super()._store(keys, rows, picked)
+
+            def _delete(self, run):
+                for key in run.keys:
+                    self.labels.pop(key, None)
+
+            def fetch(self, keys):
+                fetch = super().fetch(keys)
+                fetch.pages = [self.labels[k] for k in fetch.keys[: fetch.arrived]]
+                return fetch
+
+        return host, _Storage()
+
+
+class StorageCacheMachine(HostCacheMachine):
+    """The host machine's rules over three tiers: what the host tier lets go is written to
+    storage, requests read it back through the host tier; the reference knows which prefixes
+    storage holds, and every page read back holds the KV of the prefix it stands for."""
+
+    @initialize(page_size=st.sampled_from([1, 2]),
+                write_policy=st.sampled_from(["write-back", "write-through-selective"]))
+    def setup(self, page_size, write_policy):
+        from radixkv.mem.storage_cache import StorageTieredCache
+
+        self.size = page_size
+        self.tier, self.storage = LabelledTiers(page_size, write_policy)
+        self.clock = FakeClock()
+        self.cache = StorageTieredCache(PageAllocator(NUM_PAGES, page_size), "lru", host_tier=self.tier,
+                                        storage=self.storage, identity=IDENTITY, clock=self.clock)
+        self.ref, self.host_ref, self.running, self.history, self.peeked = {}, {}, [], [], []
+        self.until = {}
+
+    def stored(self):
+        return set(self.storage.labels.values())
+
+    def expected_storage_tokens(self, key, ns, start):
+        stored, n = self.stored(), start
+        while n + self.size <= len(key) and (ns, tuple(key[: n + self.size])) in stored:
+            n += self.size
+        return n - start
+
+    @rule(key=keys, ns=namespaces)
+    def peek(self, key, ns):
+        super().peek(key, ns)
+        m = self.peeked[-1][2]
+        assert m.storage_tokens == self.expected_storage_tokens(key, ns, m.num_tokens + m.host_tokens)
+
+    @rule(key=keys, ns=namespaces)
+    def start_request(self, key, ns):
+        self.history.append((key, ns))
+        m = self.cache.peek(key, ns)
+        assert m.storage_tokens == self.expected_storage_tokens(key, ns, m.num_tokens + m.host_tokens)
+        if m.storage_tokens:
+            m = self.cache.load_from_storage(m)
+            self.sync_after_eviction()
+            self.seen_storage["installed"] += 1
+        m = self.cache.settle(m)
+        self.cache.record_use(m)
+        assert (m.num_tokens, m.pages) == self.expected_match(key, ns)
+        if m.host_tokens:
+            m = self.cache.load_back(m, key, ns)
+            self.seen_storage["hit"] += m.from_storage > 0
+            self.sync_after_eviction()
+            assert (m.num_tokens, m.pages) == self.expected_match(key, ns)
+        self.admit(key, ns, m)
+
+    @precondition(lambda self: not self.running)
+    @rule()
+    def persist(self):
+        """A clean shutdown's write of everything cached; then everything is found in storage
+        (as far as its budget goes)."""
+        self.cache.persist()
+        self.seen_storage["persisted"] += 1
+
+    seen_storage = {"installed": 0, "hit": 0, "persisted": 0}
+
+    @invariant()
+    def storage_consistent(self):
+        if not hasattr(self, "cache"):
+            return
+        from radixkv.mem.page_keys import chain, root_key
+
+        assert self.storage.stored_pages <= STORAGE_PAGES
+        assert self.storage.stored_pages == len(self.storage.labels)
+        for key, (ns, prefix) in self.storage.labels.items():  # a key names its prefix's KV
+            assert list(chain(root_key(IDENTITY, ns), prefix, self.size))[-1] == key
+
+
+def test_radix_cache_with_host_and_storage_tiers_matches_naive_reference():
+    StorageCacheMachine.TestCase.settings = settings(
+        max_examples=150, stateful_step_count=50, deadline=None,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
+    StorageCacheMachine.TestCase().runTest()
+    assert all(StorageCacheMachine.seen_storage.values()), StorageCacheMachine.seen_storage

@@ -1,0 +1,316 @@
+"""DiskKVStorage: the storage tier in files of one local directory, kept across restarts.
+
+File format (one run per file, `<first page key>.kvp`):
+
+    b"RKVP1\\n"  u32 header length (little-endian)  header (JSON)  payload
+
+The header holds the tier's `identity` (hex), the page size, the bytes per page, and per page
+its key (hex) and CRC-32; the payload is the pages back to back, each page the rows of every
+storage tensor of the pool in order (codes and scales alike: a quantised pool is stored
+quantised).
+
+Crash safety. A file is written under a temporary name and renamed into place, so a reader
+never sees half a file under a real name; temporary files left by a killed server are deleted
+at the next start. Start-up rebuilds the index from the headers alone (no page is read); a file
+whose header does not parse or whose size does not match is deleted; one of another identity
+(another model, KV format or page size) is left alone and ignored, with one log line. Every
+page read is checked against its CRC; a page that fails it makes the file a miss: the file is
+deleted and the fetch stops there. A write that fails (a full disk, a read-only directory)
+turns the tier off with a warning; serving goes on without it.
+
+Threads. One writer and one reader, each with its own queue; the scheduler's thread only
+indexes, enqueues and installs. The index is shared, under a lock. One process uses a
+directory at a time (an advisory lock on `.lock`, released when the process ends, however it
+ends); a second one runs without the tier, with a warning.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import queue
+import struct
+import threading
+import zlib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from radixkv.mem.storage_tier import Fetch, Run, StorageTier, StorageTierConfig
+
+logger = logging.getLogger(__name__)
+
+MAGIC = b"RKVP1\n"
+SUFFIX = ".kvp"
+TMP_MARK = ".tmp"
+_HEAD = struct.Struct("<I")
+MAX_HEADER = 64 << 20
+
+
+def _as_bytes(t: torch.Tensor) -> memoryview:
+    """The raw bytes of a contiguous CPU tensor (any dtype, bfloat16 and fp8 included)."""
+    return memoryview(t.contiguous().view(torch.uint8).numpy()).cast("B")
+
+
+class DiskKVStorage(StorageTier):
+    """Runs of KV pages in `<directory>/*.kvp` (see the module docstring). `page_shapes` is
+    the pool's (shape per page, dtype) of each storage tensor; `identity` seeds the keys."""
+
+    def __init__(self, config: StorageTierConfig, directory: str | Path, identity: bytes,
+                 page_shapes: Sequence[tuple[tuple[int, ...], torch.dtype]]):
+        super().__init__(config)
+        self.directory = Path(directory)
+        self.identity = identity
+        self.page_shapes = [(tuple(shape), dtype) for shape, dtype in page_shapes]
+        self._row_bytes = [int(torch.Size(shape).numel()) * torch.empty((), dtype=dtype).element_size()
+                           for shape, dtype in self.page_shapes]
+        self.page_bytes = sum(self._row_bytes)
+        self._lock = threading.RLock()
+        self._pending: set[bytes] = set()
+        self._writes: queue.Queue = queue.Queue()
+        self._reads: queue.Queue = queue.Queue()
+        self.foreign_files = 0
+        self._open()
+        self._writer = threading.Thread(target=self._write_loop, name="kv-storage-writer", daemon=True)
+        self._reader = threading.Thread(target=self._read_loop, name="kv-storage-reader", daemon=True)
+        self._writer.start()
+        self._reader.start()
+
+    # -- start-up ------------------------------------------------------------------------------
+    def _open(self) -> None:
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            probe = self.directory / f".probe{TMP_MARK}{os.getpid()}"
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as e:
+            self._turn_off(f"{self.directory} is not a writable directory ({e})")
+            return
+        self._lock_file = open(self.directory / ".lock", "a")  # held until this process ends
+        try:
+            fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            self._lock_file.close()
+            self._turn_off(f"another process uses {self.directory} (one server per storage directory)")
+            return
+        found = []
+        for path in self.directory.iterdir():
+            if TMP_MARK in path.name:  # a write that never finished (a killed server)
+                path.unlink(missing_ok=True)
+            elif path.suffix == SUFFIX:
+                found.append(path)
+        found.sort(key=lambda p: p.stat().st_mtime)  # least recently written first: the LRU's order
+        corrupt = 0
+        for path in found:
+            header = self._read_header(path)
+            if header is None:
+                corrupt += 1
+                path.unlink(missing_ok=True)
+                continue
+            if header == "foreign":
+                self.foreign_files += 1
+                continue
+            keys = [bytes.fromhex(k) for k in header["keys"]]
+            fresh = [i for i, k in enumerate(keys) if k not in self._index]
+            run = Run(path.name, keys, path.stat().st_size,
+                      {"path": path, "crc": header["crc"], "offset": header["offset"]})
+            with self._lock:
+                if len(fresh) < len(keys):  # overlaps a run already indexed: keep that one
+                    path.unlink(missing_ok=True)
+                    continue
+                for i, key in enumerate(keys):
+                    self._index[key] = (run, i)
+                self._runs[run.id] = run
+                self.stored_pages += len(keys)
+        self.counters["corrupt_files"] += corrupt
+        with self._lock:
+            self._evict_over_budget()
+        logger.info("KV storage %s: %d pages (%d tokens) of this model found%s%s", self.directory,
+                    self.stored_pages, self.stored_pages * self.page_size,
+                    f"; {corrupt} corrupt or truncated file(s) deleted" if corrupt else "",
+                    f"; {self.foreign_files} file(s) of another model, KV format or page size ignored"
+                    if self.foreign_files else "")
+
+    def _read_header(self, path: Path) -> dict[str, Any] | str | None:
+        """The file's header; "foreign" for another identity; None when the file is broken."""
+        try:
+            with open(path, "rb") as f:
+                head = f.read(len(MAGIC) + _HEAD.size)
+                if len(head) < len(MAGIC) + _HEAD.size or head[: len(MAGIC)] != MAGIC:
+                    return None
+                (length,) = _HEAD.unpack(head[len(MAGIC):])
+                if length > MAX_HEADER:
+                    return None
+                header = json.loads(f.read(length))
+            if header.get("identity") != self.identity.hex() or header.get("page_bytes") != self.page_bytes \
+                    or header.get("page_size") != self.page_size:
+                return "foreign"
+            keys, crc = header["keys"], header["crc"]
+            if not keys or len(keys) != len(crc):
+                return None
+            expected = len(head) + length + len(keys) * self.page_bytes
+            if path.stat().st_size != expected:
+                return None  # torn: the pages are not all there
+            header["offset"] = len(head) + length
+            return header
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def _turn_off(self, why: str) -> None:
+        if self.enabled:
+            logger.warning("KV storage tier turned off: %s; serving goes on without it", why)
+        self.enabled = False
+
+    # -- writing -------------------------------------------------------------------------------
+    def _held_or_pending(self, key: bytes) -> bool:
+        with self._lock:
+            return key in self._index or key in self._pending
+
+    def _store(self, keys: list[bytes], rows: Any, picked: list[int]) -> None:
+        if rows is None:
+            raise ValueError("DiskKVStorage.write needs the pages' rows")
+        index = torch.tensor(picked, dtype=torch.int64)
+        rows = [r.index_select(0, index) if len(picked) < r.shape[0] else r for r in rows]
+        with self._lock:
+            self._pending.update(keys)
+        self._writes.put((keys, rows))
+
+    def _write_loop(self) -> None:
+        while True:
+            job = self._writes.get()
+            if job is None:
+                self._writes.task_done()
+                return
+            keys, rows = job
+            try:
+                if self.enabled:
+                    self._write_file(keys, rows)
+            except OSError as e:
+                self.counters["write_errors"] += 1
+                self._turn_off(f"writing to {self.directory} failed ({e})")
+            except Exception:  # never let the writer thread die silently
+                logger.exception("KV storage: a write failed")
+                self.counters["write_errors"] += 1
+            finally:
+                with self._lock:
+                    self._pending.difference_update(keys)
+                self._writes.task_done()
+
+    def _write_file(self, keys: list[bytes], rows: list[torch.Tensor]) -> None:
+        pages = []
+        for j in range(len(keys)):
+            page = b"".join(_as_bytes(r[j]) for r in rows)
+            assert len(page) == self.page_bytes, (len(page), self.page_bytes)
+            pages.append(page)
+        header = json.dumps({"identity": self.identity.hex(), "page_size": self.page_size,
+                             "page_bytes": self.page_bytes, "keys": [k.hex() for k in keys],
+                             "crc": [zlib.crc32(p) for p in pages]}).encode()
+        final = self.directory / f"{keys[0].hex()}{SUFFIX}"
+        tmp = self.directory / f"{final.name}{TMP_MARK}{os.getpid()}"
+        with open(tmp, "wb") as f:
+            f.write(MAGIC + _HEAD.pack(len(header)) + header)
+            for page in pages:
+                f.write(page)
+        os.replace(tmp, final)  # whole or not at all under its real name
+        offset = len(MAGIC) + _HEAD.size + len(header)
+        run = Run(final.name, keys, offset + len(pages) * self.page_bytes,
+                  {"path": final, "crc": [zlib.crc32(p) for p in pages], "offset": offset})
+        with self._lock:  # (no run has this id: its first key was neither held nor pending)
+            self._register(run)
+
+    def _drop_run(self, run: Run, evicted: bool = True) -> None:
+        with self._lock:
+            if self._runs.get(run.id) is run:  # (a reader and the writer may both drop it)
+                super()._drop_run(run, evicted)
+
+    def _delete(self, run: Run) -> None:
+        if run.meta is not None:
+            Path(run.meta["path"]).unlink(missing_ok=True)
+
+    # -- reading -------------------------------------------------------------------------------
+    def fetch(self, keys: Sequence[bytes]) -> Fetch:
+        fetch = Fetch(keys)
+        self.counters["prefetches"] += 1
+        self._reads.put(fetch)
+        return fetch
+
+    def _read_loop(self) -> None:
+        while True:
+            fetch = self._reads.get()
+            if fetch is None:
+                return
+            try:
+                self._read(fetch)
+            except Exception:
+                logger.exception("KV storage: a read failed")
+            finally:
+                fetch.done = True
+
+    def _read(self, fetch: Fetch) -> None:
+        files: dict[str, Any] = {}
+        try:
+            for key in fetch.keys:
+                if fetch.cancelled or not self.enabled:
+                    return
+                with self._lock:
+                    held = self._index.get(key)
+                    if held is not None:
+                        self._runs.move_to_end(held[0].id)
+                if held is None:
+                    return  # evicted since the request looked
+                run, i = held
+                page = self._read_page(run, i, files)
+                if page is None:
+                    self.counters["corrupt_files"] += 1
+                    logger.warning("KV storage: %s failed its check; deleted, read as a miss", run.id)
+                    files.pop(run.id, None)
+                    self._drop_run(run, evicted=False)
+                    return
+                fetch.pages.append(page)
+                fetch.arrived += 1
+                self.counters["read_pages"] += 1
+                self.counters["bytes_read"] += self.page_bytes
+        finally:
+            for f in files.values():
+                f.close()
+
+    def _read_page(self, run: Run, i: int, files: dict[str, Any]) -> list[torch.Tensor] | None:
+        """Page `i` of `run` as one tensor per storage tensor; None if it is torn or corrupt."""
+        meta = run.meta
+        try:
+            f = files.get(run.id)
+            if f is None:
+                f = files[run.id] = open(meta["path"], "rb")
+            f.seek(meta["offset"] + i * self.page_bytes)
+            data = bytearray(self.page_bytes)
+            if f.readinto(data) != self.page_bytes or zlib.crc32(data) != meta["crc"][i]:
+                return None
+        except OSError:
+            return None
+        out, at = [], 0
+        for (shape, dtype), n in zip(self.page_shapes, self._row_bytes):
+            out.append(torch.frombuffer(data, dtype=torch.uint8, count=n, offset=at).view(dtype).reshape(shape))
+            at += n
+        return out
+
+    # -- life ----------------------------------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        return {**super().stats(), "storage_dir": str(self.directory), "storage_foreign_files": self.foreign_files,
+                "storage_pending_pages": len(self._pending)}
+
+    def flush(self) -> None:
+        """Wait until every queued write is on disk (or failed)."""
+        self._writes.join()
+
+    def close(self) -> None:
+        self._reads.put(None)
+        self._writes.put(None)
+        self._writer.join(timeout=30)
+        self._reader.join(timeout=5)
+        lock = getattr(self, "_lock_file", None)
+        if lock is not None and not lock.closed:
+            lock.close()  # (closing drops the lock)

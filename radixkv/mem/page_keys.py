@@ -1,0 +1,66 @@
+"""Page keys of the storage tier: a hash chain over the token ids of a page's whole prefix.
+
+    key(page 0) = H(seed(identity, namespace) || tokens of page 0)
+    key(page i) = H(key(page i-1)            || tokens of page i)
+
+`identity` names what the KV bytes depend on beyond the tokens: the model (its config and
+weight files), the KV format, the page size and the pool's tensor layout (`storage_identity`).
+So a key means the same KV bytes on every start of every server with that identity, and equal
+tokens under two namespaces (cache salts) never share a key. H is BLAKE2b with a 16-byte digest:
+a collision would serve wrong KV, so the hash is cryptographic, not the 64-bit one KV events use.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from array import array
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+KEY_BYTES = 16
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt")
+
+
+def _h(data: bytes) -> bytes:
+    return hashlib.blake2b(data, digest_size=KEY_BYTES).digest()
+
+
+def root_key(identity: bytes, namespace: Any) -> bytes:
+    """The chain's seed for one namespace (None: the shared one)."""
+    return _h(b"radixkv-root\0" + identity + b"\0" + repr(namespace).encode())
+
+
+def next_key(prev: bytes, tokens: Sequence[int]) -> bytes:
+    """The key of a page holding `tokens`, after the page keyed `prev` (or the root key)."""
+    return _h(prev + array("q", tokens).tobytes())
+
+
+def chain(prev: bytes, tokens: Sequence[int], page_size: int) -> Iterator[bytes]:
+    """Keys of the whole pages of `tokens`, continuing after `prev`; lazily, so a caller that
+    stops at the first key it does not hold hashes no further."""
+    for start in range(0, len(tokens) - page_size + 1, page_size):
+        prev = next_key(prev, tokens[start:start + page_size])
+        yield prev
+
+
+def model_fingerprint(model_dir: Path) -> dict[str, Any]:
+    """What identifies a checkpoint without reading its weights: config.json's content and the
+    names and sizes of its weight files."""
+    model_dir = Path(model_dir)
+    if model_dir.is_file():  # a single-file checkpoint (GGUF)
+        return {"file": model_dir.name, "size": model_dir.stat().st_size}
+    config = model_dir / "config.json"
+    weights = sorted((p.name, p.stat().st_size) for p in model_dir.iterdir() if p.suffix in WEIGHT_SUFFIXES)
+    return {"config": hashlib.sha256(config.read_bytes()).hexdigest() if config.exists() else None,
+            "weights": weights}
+
+
+def storage_identity(model: dict[str, Any], kv_cache_dtype: str, page_size: int,
+                     page_shapes: Sequence[tuple[tuple[int, ...], Any]]) -> bytes:
+    """The identity every key of one server's storage tier is seeded with (see the module
+    docstring); `page_shapes` is the pool's `(shape per page, dtype)` of each storage tensor."""
+    described = {"format": 1, "model": model, "kv_cache_dtype": kv_cache_dtype, "page_size": page_size,
+                 "tensors": [[list(shape), str(dtype)] for shape, dtype in page_shapes]}
+    return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).digest()[:KEY_BYTES]

@@ -1,0 +1,219 @@
+"""The storage tier: KV pages kept below the host tier, keyed by their prefix (`page_keys`).
+
+The tree decides *what* moves (`radixkv.mem.storage_cache.StorageTieredCache`); a
+`StorageTier` owns the pages' index, its size budget and its LRU. The unit it stores, reads
+and evicts is a *run*: the consecutive pages of one prefix written together (one node's edge,
+one file on disk). A key is held by at most one run; a run written later skips the keys
+already held, so runs never overlap. Eviction drops whole runs, least recently used first.
+
+`StorageTier` itself keeps no bytes (the trace simulator uses it to count pages);
+`radixkv.mem.disk_storage.DiskKVStorage` keeps every run in a file of a directory and
+survives restarts.
+
+Reads are *fetches*: `fetch(keys)` starts reading the pages of `keys` (a prefix's
+continuation, in order) and returns a `Fetch` whose leading `arrived` pages are ready. Here a
+fetch is done at once; on disk it runs in a thread while the request waits for admission.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from radixkv.config import STORAGE_PREFETCH_POLICIES as PREFETCH_POLICIES
+from radixkv.config import STORAGE_WRITE_POLICIES as WRITE_POLICIES
+from radixkv.errors import ConfigError
+
+
+@dataclass(frozen=True, slots=True)
+class StorageTierConfig:
+    """`num_pages` pages of `page_size` tokens at most.
+
+    `write_policy`: a page goes to storage when the host tier lets it go (`write-back`), or as
+    soon as it has been hit `hit_threshold` times (`write-through-selective`: only hot data
+    reaches the disk, and it is there before any eviction). `prefetch_policy`: a request whose
+    prefix continues in storage is admitted with whatever has arrived (`best_effort`), only
+    once all of it has (`wait_complete`), or once it has or `prefetch_timeout` seconds passed
+    (`timeout`)."""
+
+    num_pages: int
+    page_size: int
+    write_policy: str = "write-back"
+    hit_threshold: int = 2
+    prefetch_policy: str = "best_effort"
+    prefetch_timeout: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.num_pages < 1:
+            raise ConfigError(f"storage tier: num_pages must be >= 1, got {self.num_pages}")
+        if self.write_policy not in WRITE_POLICIES:
+            raise ConfigError(f"kv_storage_write_policy={self.write_policy!r}: must be one of {list(WRITE_POLICIES)}")
+        if self.hit_threshold < 1:
+            raise ConfigError(f"kv_storage_hit_threshold={self.hit_threshold}: must be >= 1")
+        if self.prefetch_policy not in PREFETCH_POLICIES:
+            raise ConfigError(f"kv_storage_prefetch_policy={self.prefetch_policy!r}: must be one of "
+                              f"{list(PREFETCH_POLICIES)}")
+        if not self.prefetch_timeout >= 0:
+            raise ConfigError(f"kv_storage_prefetch_timeout={self.prefetch_timeout}: must be >= 0 seconds")
+
+    @property
+    def write_through(self) -> bool:
+        return self.write_policy == "write-through-selective"
+
+
+class Fetch:
+    """A read of the pages of `keys` (in order). `arrived` leading pages are ready (`pages[i]`:
+    one tensor per storage tensor of the pool, or None where the tier keeps no bytes); `done`
+    once no more will arrive (all of them, a page that failed its check, or `cancel`)."""
+
+    def __init__(self, keys: Sequence[bytes]):
+        self.keys = list(keys)
+        self.started = time.monotonic()
+        self.pages: list[Any] = []
+        self.arrived = 0
+        self.done = False
+        self.cancelled = False
+
+    @property
+    def complete(self) -> bool:
+        return self.arrived == len(self.keys)
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+    def ready(self, policy: str, timeout: float, now: float | None = None) -> bool:
+        """Whether a request waiting on this fetch may be admitted under `policy`."""
+        if self.done or policy == "best_effort":
+            return True
+        if policy == "timeout":
+            return (time.monotonic() if now is None else now) - self.started >= timeout
+        return False  # wait_complete
+
+
+@dataclass(slots=True)
+class Run:
+    """Consecutive pages of one prefix, stored together."""
+
+    id: Any
+    keys: list[bytes]
+    nbytes: int = 0
+    meta: Any = field(default=None)  # the backend's (a file path)
+
+
+class StorageTier:
+    """The index, budget and LRU of stored runs, without data (see the module docstring)."""
+
+    def __init__(self, config: StorageTierConfig):
+        self.config = config
+        self.page_size = config.page_size
+        self.enabled = True
+        self._index: dict[bytes, tuple[Run, int]] = {}  # key -> (its run, its page in the run)
+        self._runs: OrderedDict[Any, Run] = OrderedDict()  # least recently used first
+        self._ids = itertools.count()
+        self.stored_pages = 0
+        self.counters = {"written_pages": 0, "read_pages": 0, "evicted_pages": 0, "bytes_written": 0,
+                         "bytes_read": 0, "prefetches": 0, "prefetches_complete": 0, "prefetches_partial": 0,
+                         "prefetches_failed": 0, "corrupt_files": 0, "write_errors": 0}
+
+    # -- lookup --------------------------------------------------------------------------------
+    def holds(self, key: bytes) -> bool:
+        return self.enabled and key in self._index
+
+    def held_run(self, keys: Sequence[bytes] | Any) -> int:
+        """How many leading keys of `keys` (any iterable: it is read only as far as it hits) the
+        tier holds."""
+        n = 0
+        for key in keys:
+            if not self.holds(key):
+                break
+            n += 1
+        return n
+
+    # -- writing -------------------------------------------------------------------------------
+    def write(self, keys: Sequence[bytes], rows: Any = None) -> int:
+        """Store the pages of `keys` (their bytes in `rows`: one CPU tensor `[n, *shape]` per
+        storage tensor, or None here), skipping keys already held; returns pages written."""
+        if not self.enabled:
+            return 0
+        new = [i for i, k in enumerate(keys) if not self._held_or_pending(k)][: self.config.num_pages]
+        if not new:
+            return 0
+        self._store([keys[i] for i in new], rows, new)
+        return len(new)
+
+    def _held_or_pending(self, key: bytes) -> bool:
+        return key in self._index
+
+    def _store(self, keys: list[bytes], rows: Any, picked: list[int]) -> None:
+        """Keep the run of `keys` (`picked`: their positions in the rows given)."""
+        self._register(Run(next(self._ids), keys))
+
+    def _register(self, run: Run) -> None:
+        """Index a run that is now stored, and evict over the budget."""
+        for i, key in enumerate(run.keys):
+            self._index[key] = (run, i)
+        self._runs[run.id] = run
+        self.stored_pages += len(run.keys)
+        self.counters["written_pages"] += len(run.keys)
+        self.counters["bytes_written"] += run.nbytes
+        self._evict_over_budget(keep=run.id)
+
+    def _evict_over_budget(self, keep: Any = None) -> None:
+        """Drop the least recently used runs (never `keep`, the one just stored) until the
+        stored pages fit the budget."""
+        while self.stored_pages > self.config.num_pages:
+            victim = next((run for rid, run in self._runs.items() if rid != keep), None)
+            if victim is None:
+                break  # one run larger than the whole budget: it alone stays
+            self._drop_run(victim)
+
+    def _drop_run(self, run: Run, evicted: bool = True) -> None:
+        del self._runs[run.id]
+        for key in run.keys:
+            if self._index.get(key, (None,))[0] is run:
+                del self._index[key]
+        self.stored_pages -= len(run.keys)
+        if evicted:
+            self.counters["evicted_pages"] += len(run.keys)
+        self._delete(run)
+
+    def _delete(self, run: Run) -> None:
+        """Backend hook: the run's bytes go."""
+
+    # -- reading -------------------------------------------------------------------------------
+    def fetch(self, keys: Sequence[bytes]) -> Fetch:
+        """Start reading the pages of `keys` (which the tier holds, in order); see `Fetch`."""
+        fetch = Fetch(keys)
+        self.counters["prefetches"] += 1
+        for key in fetch.keys:
+            held = self._index.get(key)
+            if held is None:
+                break
+            self._runs.move_to_end(held[0].id)
+            fetch.pages.append(None)
+            fetch.arrived += 1
+        self.counters["read_pages"] += fetch.arrived
+        fetch.done = True
+        return fetch
+
+    def finished(self, fetch: Fetch, used_pages: int) -> None:
+        """A fetch was installed with `used_pages` of its pages (for the prefetch counters)."""
+        key = "prefetches_complete" if fetch.complete and used_pages >= len(fetch.keys) else (
+            "prefetches_failed" if fetch.done and not fetch.complete and not fetch.cancelled else "prefetches_partial")
+        self.counters[key] += 1
+
+    # -- life ----------------------------------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        return {"storage_enabled": self.enabled, "storage_total_tokens": self.config.num_pages * self.page_size,
+                "storage_used_tokens": self.stored_pages * self.page_size,
+                **{f"storage_{k}": v for k, v in self.counters.items()}}
+
+    def flush(self) -> None:
+        """Wait for writes in flight (none here)."""
+
+    def close(self) -> None:
+        """Stop the tier's threads, waiting for writes in flight (none here)."""

@@ -1,0 +1,83 @@
+"""The storage tier through the real server: a server stopped cleanly leaves its cache on disk
+and the next server process on that directory hits on its first request; a server killed with
+SIGKILL while it writes leaves no file that breaks or misleads the next one."""
+
+import signal
+import time
+
+import pytest
+
+from tests.server_helpers import start_server, stop_server
+
+GREEDY = {"max_new_tokens": 8, "temperature": 0.0}
+# pool and host tier of 240 tokens (15 pages of 16): a few prompts push the first ones to disk
+TIERS = ("--max-total-tokens", "240", "--page-size", "16", "--host-kv-size", "240",
+         "--kv-storage-prefetch-policy", "wait_complete")
+
+
+def prompt(i: int) -> str:
+    return f"Request {i}: write a careful, detailed and friendly explanation of tides and moons. " * 4
+
+
+def generate(server, text: str) -> dict:
+    with server.client() as c:
+        r = c.post("/generate", json={"text": text, "sampling_params": GREEDY})
+        assert r.status_code == 200, r.text
+        return r.json()
+
+
+def test_a_restarted_server_hits_on_its_first_request(tmp_path):
+    first = start_server(*TIERS, "--kv-storage-dir", str(tmp_path))
+    try:
+        before = generate(first, prompt(0))
+    finally:
+        assert stop_server(first) == 0  # SIGTERM: a clean shutdown writes the pool and host tier out
+    assert list(tmp_path.glob("*.kvp"))
+    second = start_server(*TIERS, "--kv-storage-dir", str(tmp_path))
+    try:
+        after = generate(second, prompt(0))
+        details = after["meta_info"]["cached_tokens_details"]
+        assert details["storage"] >= 64 and after["meta_info"]["cached_tokens"] == sum(details.values())
+        assert after["output_ids"] == before["output_ids"]
+        info = second.info()
+        assert info["kv_storage"]["storage_enabled"] and info["kv_storage"]["storage_hit_tokens"] == details["storage"]
+        assert info["kv_storage"]["storage_bytes_read"] > 0
+        with second.client() as c:
+            metrics = c.get("/metrics").text
+        assert "radixkv_storage_hit_tokens" in metrics and "radixkv_storage_bytes_read" in metrics
+    finally:
+        stop_server(second)
+
+
+def test_kill_9_while_writing_then_restart_serves_right_answers(tmp_path):
+    victim = start_server(*TIERS, "--kv-storage-dir", str(tmp_path))
+    expected = {}
+    for i in range(10):  # each prompt pushes older ones through the host tier to disk
+        expected[i] = generate(victim, prompt(i))["output_ids"]  # computed in full: the right answers
+    deadline = time.monotonic() + 30
+    while not list(tmp_path.glob("*.kvp")):
+        assert time.monotonic() < deadline, "nothing was written"
+        time.sleep(0.05)
+    victim.proc.send_signal(signal.SIGKILL)  # mid-write, perhaps: no chance to finish or clean up
+    victim.proc.wait(30)
+    survivor = start_server(*TIERS, "--kv-storage-dir", str(tmp_path))
+    try:
+        hits = 0
+        for i in range(10):
+            out = generate(survivor, prompt(i))
+            assert out["output_ids"] == expected[i], f"prompt {i} answered differently after the restart"
+            hits += out["meta_info"]["cached_tokens_details"]["storage"]
+        assert hits > 0  # what was written before the kill is used
+        assert not [p for p in tmp_path.iterdir() if ".tmp" in p.name]  # half-written files went
+    finally:
+        stop_server(survivor)
+
+
+@pytest.mark.parametrize("flags, field", [
+    (("--kv-storage-dir", "/tmp/radixkv-never"), "--host-kv-size"),
+    (("--kv-storage-dir", "/tmp/radixkv-never", "--host-kv-size", "1000", "--kv-storage-size", "lots"),
+     "kv_storage_size"),
+])
+def test_bad_storage_flags_are_refused_naming_the_flag(run_cli, flags, field):
+    done = run_cli("serve", *flags)
+    assert done.returncode != 0 and field in done.stderr + done.stdout
