@@ -36,6 +36,7 @@ SCRIPTS = [  # (script, arguments, what it measures)
     ("speculative.py", [], "speculative decoding off vs ngram, radix and draft proposers"),
     ("model_families.py", [], "MHA/GQA/MQA/MLA KV bytes and decode speed; Gemma 3 270M beside SmolLM2"),
     ("host_tier_replay.py", [], "Mooncake trace with a host tier"),
+    ("storage_tier.py", [], "storage tier: disk bandwidth, warm restart, break-even, three-tier replay"),
     ("constrained.py", [], "constrained decoding: mask cost, jump-forward"),
     ("routing_replay.py", [], "routing policies over replicas on the Mooncake trace"),
     ("tensor_parallel.py", [], "tensor parallelism: greedy equality, all-reduce cost"),
@@ -220,6 +221,36 @@ def host_tier_table() -> str | None:
                   f"{when(d)}.\n")
 
 
+def storage_tier_table() -> str | None:
+    d = load("storage_tier.json")
+    if not d:
+        return None
+    disk, w, even = d["disk"], d["warm_restart"], d["break_even"]
+    m = w["median"]
+    out = (f"| time to first token, {w['prompt_tokens']:,}-token prompt | ms | vs cold |\n|---|---|---|\n"
+           f"| cold: a new process, no storage tier | {m['cold'] * 1e3:,.0f} | 1.00x |\n"
+           f"| restart: a new process on the directory the last one filled (cold page cache) | "
+           f"{m['restart'] * 1e3:,.0f} | {w['restart_over_cold']:.2f}x |\n"
+           f"| warm: the same prompt again in one process (device hit) | {m['warm'] * 1e3:,.0f} | "
+           f"{w['warm_over_cold']:.2f}x |\n\n"
+           "| prompt tokens | recompute (TTFT) | read from disk (TTFT) | disk / recompute |\n|---|---|---|---|\n")
+    for r in even["rows"]:
+        out += (f"| {r['tokens']:,} | {r['recompute_ttft'] * 1e3:,.0f} ms | {r['storage_ttft'] * 1e3:,.0f} ms | "
+                f"{r['storage_ttft'] / r['recompute_ttft']:.2f}x |\n")
+    if d["replay"]:
+        out += ("\n| device | host tier | storage tier | hit rate | device hits | host hits | storage hits | "
+                "storage hits: read time | recompute time |\n|---|---|---|---|---|---|---|---|---|\n")
+        for r in d["replay"]:
+            p = r["prompt_tokens"]
+            out += (f"| {r['capacity_tokens'] / 1e6:.2f} M | {r['host_multiplier']:g}x | {r['storage_multiplier']:g}x | "
+                    f"{r['hit_rate']:.1%} | {r['device_hit_tokens'] / p:.1%} | {r['host_hit_tokens'] / p:.1%} | "
+                    f"{r['storage_hit_tokens'] / p:.1%} | {r['storage_read_seconds']:,.0f} s | "
+                    f"{r['storage_recompute_seconds']:,.0f} s |\n")
+    return out + (f"\nDisk: write {disk['write_gbs']:.2f} GB/s (fsync'd), read {disk['read_cold_gbs']:.2f} GB/s cold, "
+                  f"{disk['read_warm_gbs']:.2f} GB/s from the page cache. Medians of {len(w['ttft_seconds']['cold'])} "
+                  f"processes per case. `python benchmarks/storage_tier.py`, {when(d)}.\n")
+
+
 def constrained_table() -> str | None:
     d = load("constrained.json")
     if not d:
@@ -292,6 +323,7 @@ def main(argv=None) -> int:
     rewrite_readme(text)
     rewrite_section("kv-quant", kv_quant_table())
     rewrite_section("host-tier", host_tier_table())
+    rewrite_section("storage-tier", storage_tier_table())
     rewrite_section("constrained", constrained_table())
     rewrite_section("tensor-parallel", tensor_parallel_table())
     return 0

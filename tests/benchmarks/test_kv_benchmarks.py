@@ -58,3 +58,16 @@ def test_constrained_benchmark_measures_masks_and_jump_forward(tmp_path):
     jump = report["jump_forward"]
     assert jump["on"]["forced"] > 0 and jump["on"]["steps"] < jump["off"]["steps"]
     assert script("constrained.py", "--tokens", "2").returncode == 2
+
+
+def test_storage_tier_benchmark_refuses_bad_settings_and_measures_the_disk(tmp_path):
+    proc = script("storage_tier.py", "--prompt-tokens", "4")
+    assert proc.returncode == 2 and "--prompt-tokens" in proc.stderr
+    sys.path.insert(0, str(BENCH))
+    try:
+        import storage_tier
+    finally:
+        sys.path.remove(str(BENCH))
+    disk = storage_tier.disk_bandwidth(tmp_path, 4)
+    assert min(disk["write_gbs"], disk["read_cold_gbs"], disk["read_warm_gbs"]) > 0
+    assert not list(tmp_path.iterdir())  # its file is gone

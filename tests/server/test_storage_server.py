@@ -44,6 +44,10 @@ def test_a_restarted_server_hits_on_its_first_request(tmp_path):
         assert info["kv_storage"]["storage_bytes_read"] > 0
         with second.client() as c:
             metrics = c.get("/metrics").text
+            usage = c.post("/v1/completions", json={"model": "SmolLM2-135M-Instruct", "prompt": prompt(0),
+                                                    "max_tokens": 1, "temperature": 0}).json()["usage"]
+        cached = usage["prompt_tokens_details"]  # OpenAI's sum over all tiers, and SGLang's split
+        assert cached["cached_tokens"] == sum(cached["cached_tokens_details"].values()) >= 64
         assert "radixkv_storage_hit_tokens" in metrics and "radixkv_storage_bytes_read" in metrics
     finally:
         stop_server(second)

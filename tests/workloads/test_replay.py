@@ -94,3 +94,17 @@ def test_oracle_retention_hints_keep_a_conversation_that_continues():
     assert replay(trace, "lru", hints="all", hint_seconds=60, **run).hit_tokens == 0
     # the replay's clock is the trace's: a hint shorter than the gap runs out before it helps
     assert replay(trace, "lru", hints="oracle", hint_seconds=0.5, **run).hit_tokens == 0
+
+
+def test_a_storage_tier_adds_storage_hits_under_the_same_device_and_host_hits(mooncake):
+    trace = mooncake[:800]
+    host = replay(trace, "lru", capacity_tokens=500_000, page_size=512, host_capacity_tokens=500_000)
+    three = replay(trace, "lru", capacity_tokens=500_000, page_size=512, host_capacity_tokens=500_000,
+                   storage_capacity_tokens=4_000_000, check_every=100)
+    assert host.storage_hit_tokens == 0
+    assert three.device_hit_tokens + three.host_hit_tokens + three.storage_hit_tokens == three.hit_tokens
+    assert three.device_hit_tokens == host.device_hit_tokens  # loads only turn misses into reads
+    assert three.storage_hit_tokens > 0 and three.hit_rate > host.hit_rate
+    assert three.hit_rate <= replay(trace, "inf", page_size=512).hit_rate + 1e-9
+    with pytest.raises(ValueError, match="host tier"):
+        replay(trace[:5], "lru", capacity_tokens=500_000, page_size=512, storage_capacity_tokens=1_000_000)
