@@ -31,6 +31,7 @@ import json
 import logging
 import os
 import queue
+import re
 import struct
 import threading
 import zlib
@@ -47,8 +48,10 @@ logger = logging.getLogger(__name__)
 MAGIC = b"RKVP1\n"
 SUFFIX = ".kvp"
 TMP_MARK = ".tmp"
+OURS_UNFINISHED = re.compile(r"^(?:[0-9a-f]{32}\.kvp|\.probe)\.tmp\d+$")  # what a killed writer leaves
 _HEAD = struct.Struct("<I")
 MAX_HEADER = 64 << 20
+MAX_PENDING_BYTES = 512 << 20  # rows queued for the writer at most; past it writes are skipped (or wait)
 
 
 def _as_bytes(t: torch.Tensor) -> memoryview:
@@ -71,6 +74,9 @@ class DiskKVStorage(StorageTier):
         self.page_bytes = sum(self._row_bytes)
         self._lock = threading.RLock()
         self._pending: set[bytes] = set()
+        self._pending_bytes = 0
+        self.max_pending_bytes = MAX_PENDING_BYTES
+        self._drained = threading.Condition(self._lock)
         self._writes: queue.Queue = queue.Queue()
         self._reads: queue.Queue = queue.Queue()
         self.foreign_files = 0
@@ -99,29 +105,28 @@ class DiskKVStorage(StorageTier):
             return
         found = []
         for path in self.directory.iterdir():
-            if TMP_MARK in path.name:  # a write that never finished (a killed server)
-                path.unlink(missing_ok=True)
-            elif path.suffix == SUFFIX:
-                found.append(path)
-        found.sort(key=lambda p: p.stat().st_mtime)  # least recently written first: the LRU's order
-        corrupt = 0
-        for path in found:
-            header = self._read_header(path)
-            if header is None:
-                corrupt += 1
-                path.unlink(missing_ok=True)
+            try:
+                if OURS_UNFINISHED.match(path.name) and path.is_file():  # a write a killed server left
+                    path.unlink(missing_ok=True)
+                elif path.suffix == SUFFIX and path.is_file():
+                    found.append((path.stat().st_mtime, path))
+            except OSError:
                 continue
+        found.sort()  # least recently written first: the LRU's order
+        corrupt = 0
+        for _, path in found:
+            header = self._read_header(path)
             if header == "foreign":
                 self.foreign_files += 1
                 continue
-            keys = [bytes.fromhex(k) for k in header["keys"]]
-            fresh = [i for i, k in enumerate(keys) if k not in self._index]
-            run = Run(path.name, keys, path.stat().st_size,
+            if header is None or any(k in self._index for k in header["keys"]):  # broken, or a copy
+                corrupt += header is None
+                path.unlink(missing_ok=True)
+                continue
+            keys = header["keys"]
+            run = Run(path.name, keys, header["size"],
                       {"path": path, "crc": header["crc"], "offset": header["offset"]})
             with self._lock:
-                if len(fresh) < len(keys):  # overlaps a run already indexed: keep that one
-                    path.unlink(missing_ok=True)
-                    continue
                 for i, key in enumerate(keys):
                     self._index[key] = (run, i)
                 self._runs[run.id] = run
@@ -136,7 +141,9 @@ class DiskKVStorage(StorageTier):
                     if self.foreign_files else "")
 
     def _read_header(self, path: Path) -> dict[str, Any] | str | None:
-        """The file's header; "foreign" for another identity; None when the file is broken."""
+        """The file's header (its keys as bytes, each page's CRC, the payload's offset and the
+        file's size); "foreign" for another identity; None when the file is broken in any way
+        (it is then deleted: nothing in it is trusted)."""
         try:
             with open(path, "rb") as f:
                 head = f.read(len(MAGIC) + _HEAD.size)
@@ -146,38 +153,51 @@ class DiskKVStorage(StorageTier):
                 if length > MAX_HEADER:
                     return None
                 header = json.loads(f.read(length))
+            if not isinstance(header, dict):
+                return None
             if header.get("identity") != self.identity.hex() or header.get("page_bytes") != self.page_bytes \
                     or header.get("page_size") != self.page_size:
                 return "foreign"
-            keys, crc = header["keys"], header["crc"]
-            if not keys or len(keys) != len(crc):
+            keys = [bytes.fromhex(k) for k in header["keys"]]
+            crc = [int(c) for c in header["crc"]]
+            if not keys or len(keys) != len(crc) or path.stem != keys[0].hex():  # named by its first key
                 return None
-            expected = len(head) + length + len(keys) * self.page_bytes
-            if path.stat().st_size != expected:
+            size = len(head) + length + len(keys) * self.page_bytes
+            if path.stat().st_size != size:
                 return None  # torn: the pages are not all there
-            header["offset"] = len(head) + length
-            return header
-        except (OSError, ValueError, KeyError, TypeError):
+            return {"keys": keys, "crc": crc, "offset": len(head) + length, "size": size}
+        except Exception:  # whatever a corrupt file holds, it is only a miss
             return None
 
     def _turn_off(self, why: str) -> None:
         if self.enabled:
             logger.warning("KV storage tier turned off: %s; serving goes on without it", why)
         self.enabled = False
+        with self._lock:
+            self._drained.notify_all()
 
     # -- writing -------------------------------------------------------------------------------
     def _held_or_pending(self, key: bytes) -> bool:
         with self._lock:
             return key in self._index or key in self._pending
 
-    def _store(self, keys: list[bytes], rows: Any, picked: list[int]) -> None:
+    def _store(self, keys: list[bytes], rows: Any, picked: list[int], wait: bool = False) -> bool:
         if rows is None:
             raise ValueError("DiskKVStorage.write needs the pages' rows")
+        nbytes = len(keys) * self.page_bytes
+        with self._lock:
+            if self._pending_bytes + nbytes > self.max_pending_bytes and self._pending_bytes:
+                if not wait:  # the disk is behind: this run is dropped, as it would be without the tier
+                    self.counters["skipped_pages"] += len(keys)
+                    return False
+                self._drained.wait_for(lambda: self._pending_bytes + nbytes <= self.max_pending_bytes
+                                       or not self._pending_bytes or not self.enabled)
+            self._pending.update(keys)
+            self._pending_bytes += nbytes
         index = torch.tensor(picked, dtype=torch.int64)
         rows = [r.index_select(0, index) if len(picked) < r.shape[0] else r for r in rows]
-        with self._lock:
-            self._pending.update(keys)
         self._writes.put((keys, rows))
+        return True
 
     def _write_loop(self) -> None:
         while True:
@@ -198,6 +218,8 @@ class DiskKVStorage(StorageTier):
             finally:
                 with self._lock:
                     self._pending.difference_update(keys)
+                    self._pending_bytes -= len(keys) * self.page_bytes
+                    self._drained.notify_all()
                 self._writes.task_done()
 
     def _write_file(self, keys: list[bytes], rows: list[torch.Tensor]) -> None:
@@ -211,11 +233,15 @@ class DiskKVStorage(StorageTier):
                              "crc": [zlib.crc32(p) for p in pages]}).encode()
         final = self.directory / f"{keys[0].hex()}{SUFFIX}"
         tmp = self.directory / f"{final.name}{TMP_MARK}{os.getpid()}"
-        with open(tmp, "wb") as f:
-            f.write(MAGIC + _HEAD.pack(len(header)) + header)
-            for page in pages:
-                f.write(page)
-        os.replace(tmp, final)  # whole or not at all under its real name
+        try:
+            with open(tmp, "wb") as f:
+                f.write(MAGIC + _HEAD.pack(len(header)) + header)
+                for page in pages:
+                    f.write(page)
+            os.replace(tmp, final)  # whole or not at all under its real name
+        except BaseException:
+            tmp.unlink(missing_ok=True)  # (a full disk gets its space back)
+            raise
         offset = len(MAGIC) + _HEAD.size + len(header)
         run = Run(final.name, keys, offset + len(pages) * self.page_bytes,
                   {"path": final, "crc": [zlib.crc32(p) for p in pages], "offset": offset})
@@ -251,7 +277,7 @@ class DiskKVStorage(StorageTier):
                 fetch.done = True
 
     def _read(self, fetch: Fetch) -> None:
-        files: dict[str, Any] = {}
+        files: dict[int, Any] = {}  # id(run) -> its open file
         try:
             for key in fetch.keys:
                 if fetch.cancelled or not self.enabled:
@@ -264,11 +290,13 @@ class DiskKVStorage(StorageTier):
                     return  # evicted since the request looked
                 run, i = held
                 page = self._read_page(run, i, files)
-                if page is None:
-                    self.counters["corrupt_files"] += 1
-                    logger.warning("KV storage: %s failed its check; deleted, read as a miss", run.id)
-                    files.pop(run.id, None)
-                    self._drop_run(run, evicted=False)
+                if page is None:  # gone (evicted since it was looked up) or failed its check
+                    with self._lock:
+                        still = self._runs.get(run.id) is run
+                    if still:
+                        self.counters["corrupt_files"] += 1
+                        logger.warning("KV storage: %s failed its check; deleted, read as a miss", run.id)
+                        self._drop_run(run, evicted=False)
                     return
                 fetch.pages.append(page)
                 fetch.arrived += 1
@@ -282,9 +310,9 @@ class DiskKVStorage(StorageTier):
         """Page `i` of `run` as one tensor per storage tensor; None if it is torn or corrupt."""
         meta = run.meta
         try:
-            f = files.get(run.id)
+            f = files.get(id(run))
             if f is None:
-                f = files[run.id] = open(meta["path"], "rb")
+                f = files[id(run)] = open(meta["path"], "rb")
             f.seek(meta["offset"] + i * self.page_bytes)
             data = bytearray(self.page_bytes)
             if f.readinto(data) != self.page_bytes or zlib.crc32(data) != meta["crc"][i]:
@@ -309,8 +337,8 @@ class DiskKVStorage(StorageTier):
     def close(self) -> None:
         self._reads.put(None)
         self._writes.put(None)
-        self._writer.join(timeout=30)
+        self._writer.join(timeout=300)
         self._reader.join(timeout=5)
         lock = getattr(self, "_lock_file", None)
-        if lock is not None and not lock.closed:
-            lock.close()  # (closing drops the lock)
+        if lock is not None and not lock.closed and not self._writer.is_alive():
+            lock.close()  # (closing drops the lock; a writer still at it keeps it until the process ends)

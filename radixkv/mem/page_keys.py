@@ -3,8 +3,8 @@
     key(page 0) = H(seed(identity, namespace) || tokens of page 0)
     key(page i) = H(key(page i-1)            || tokens of page i)
 
-`identity` names what the KV bytes depend on beyond the tokens: the model (its config and
-weight files), the KV format, the page size and the pool's tensor layout (`storage_identity`).
+`identity` names what the KV bytes depend on beyond the tokens: the model (its config, and
+each weight file's name, size and a hash of slices across it), the KV format, the page size and the pool's tensor layout (`storage_identity`).
 So a key means the same KV bytes on every start of every server with that identity, and equal
 tokens under two namespaces (cache salts) never share a key. H is BLAKE2b with a 16-byte digest:
 a collision would serve wrong KV, so the hash is cryptographic, not the 64-bit one KV events use.
@@ -45,14 +45,30 @@ def chain(prev: bytes, tokens: Sequence[int], page_size: int) -> Iterator[bytes]
         yield prev
 
 
+SAMPLE_BYTES = 1 << 16
+SAMPLES = 8
+
+
+def file_fingerprint(path: Path) -> list:
+    """A weight file's name, size, and a hash of `SAMPLES` slices of it spread over the whole
+    file (about 0.5 MiB read): weights retrained into a file of the same size and name change it."""
+    size = path.stat().st_size
+    h = hashlib.blake2b(digest_size=16)
+    with open(path, "rb") as f:
+        for i in range(SAMPLES):
+            f.seek(max(0, (size - SAMPLE_BYTES) * i // max(1, SAMPLES - 1)))
+            h.update(f.read(SAMPLE_BYTES))
+    return [path.name, size, h.hexdigest()]
+
+
 def model_fingerprint(model_dir: Path) -> dict[str, Any]:
-    """What identifies a checkpoint without reading its weights: config.json's content and the
-    names and sizes of its weight files."""
+    """What identifies a checkpoint without reading all its weights: config.json's content and
+    each weight file's `file_fingerprint`."""
     model_dir = Path(model_dir)
     if model_dir.is_file():  # a single-file checkpoint (GGUF)
-        return {"file": model_dir.name, "size": model_dir.stat().st_size}
+        return {"file": file_fingerprint(model_dir)}
     config = model_dir / "config.json"
-    weights = sorted((p.name, p.stat().st_size) for p in model_dir.iterdir() if p.suffix in WEIGHT_SUFFIXES)
+    weights = sorted(file_fingerprint(p) for p in model_dir.iterdir() if p.suffix in WEIGHT_SUFFIXES)
     return {"config": hashlib.sha256(config.read_bytes()).hexdigest() if config.exists() else None,
             "weights": weights}
 

@@ -176,7 +176,11 @@ class StorageTieredCache(HostTieredCache):
         n = len(host_pages)
         pages = prefetch.fetch.pages[skip:skip + n]
         if pages[0] is not None:  # the bytes (a tier that keeps none reads None)
-            self.host.put_pages(host_pages, pages)
+            try:
+                self.host.put_pages(host_pages, pages)
+            except BaseException:
+                self.host.allocator.decref(host_pages)  # the copy failed: nothing was installed
+                raise
         now = self._tick()
         ck = self._child_key(parent, key, end, prefetch.namespace)
         assert ck not in parent.children, "a continuation the walk would have matched"
@@ -242,11 +246,8 @@ class StorageTieredCache(HostTieredCache):
             return 0
         for node in reversed(list(self.nodes())):  # children first: parents are then the more recent
             keys = self.keys_of(node)
-            if storage.holds(keys[-1]) and storage.holds(keys[0]):
-                continue
-            rows = self.host.rows(node.host_pages) if node.host_pages is not None else \
-                self.host.device_rows(node.pages)
-            written += storage.write(keys, rows)
+            if storage.needs(keys):  # (waits for the writer rather than skip: this is the last chance)
+                written += storage.write(keys, self._rows(node), wait=True)
         return written
 
     # -- tier hooks ----------------------------------------------------------------------------
@@ -271,15 +272,19 @@ class StorageTieredCache(HostTieredCache):
         if hit and storage.config.write_through and node.hit_count >= storage.config.hit_threshold \
                 and storage.enabled:
             keys = self.keys_of(node)
-            if not storage.holds(keys[-1]):
-                rows = self.host.rows(node.host_pages) if node.host_pages is not None else \
-                    self.host.device_rows(node.pages)
-                storage.write(keys, rows)
+            if storage.needs(keys):
+                storage.write(keys, self._rows(node))
 
     def _drop_host_only(self, node: StorageNode) -> None:
-        if not self.storage.config.write_through and self.storage.enabled:
-            self.storage.write(self.keys_of(node), self.host.rows(node.host_pages))
+        if not self.storage.config.write_through:
+            keys = self.keys_of(node)
+            if self.storage.needs(keys):
+                self.storage.write(keys, self.host.rows(node.host_pages))
         super()._drop_host_only(node)
+
+    def _rows(self, node: StorageNode):
+        """The bytes of `node`'s pages, from the host copy if it has one, else the device."""
+        return self.host.rows(node.host_pages) if node.host_pages is not None else self.host.device_rows(node.pages)
 
     def _describe(self, node: StorageNode) -> str:
         return super()._describe(node) + (" from-storage" if node.from_storage else "")

@@ -87,8 +87,10 @@ class Fetch:
 
     def ready(self, policy: str, timeout: float, now: float | None = None) -> bool:
         """Whether a request waiting on this fetch may be admitted under `policy`."""
-        if self.done or policy == "best_effort":
+        if self.done:
             return True
+        if policy == "best_effort":  # with what has arrived, once anything has
+            return self.arrived > 0
         if policy == "timeout":
             return (time.monotonic() if now is None else now) - self.started >= timeout
         return False  # wait_complete
@@ -117,7 +119,7 @@ class StorageTier:
         self.stored_pages = 0
         self.counters = {"written_pages": 0, "read_pages": 0, "evicted_pages": 0, "bytes_written": 0,
                          "bytes_read": 0, "prefetches": 0, "prefetches_complete": 0, "prefetches_partial": 0,
-                         "prefetches_failed": 0, "corrupt_files": 0, "write_errors": 0}
+                         "prefetches_failed": 0, "corrupt_files": 0, "write_errors": 0, "skipped_pages": 0}
 
     # -- lookup --------------------------------------------------------------------------------
     def holds(self, key: bytes) -> bool:
@@ -134,23 +136,28 @@ class StorageTier:
         return n
 
     # -- writing -------------------------------------------------------------------------------
-    def write(self, keys: Sequence[bytes], rows: Any = None) -> int:
+    def needs(self, keys: Sequence[bytes]) -> bool:
+        """Whether `write(keys, ...)` would store anything (so its rows are worth copying)."""
+        return self.enabled and not all(self._held_or_pending(k) for k in keys)
+
+    def write(self, keys: Sequence[bytes], rows: Any = None, wait: bool = False) -> int:
         """Store the pages of `keys` (their bytes in `rows`: one CPU tensor `[n, *shape]` per
-        storage tensor, or None here), skipping keys already held; returns pages written."""
+        storage tensor, or None here), skipping keys already held; returns pages queued. A
+        backend whose writes are behind skips the run, or with `wait` waits for room."""
         if not self.enabled:
             return 0
         new = [i for i, k in enumerate(keys) if not self._held_or_pending(k)][: self.config.num_pages]
-        if not new:
+        if not new or not self._store([keys[i] for i in new], rows, new, wait):
             return 0
-        self._store([keys[i] for i in new], rows, new)
         return len(new)
 
     def _held_or_pending(self, key: bytes) -> bool:
         return key in self._index
 
-    def _store(self, keys: list[bytes], rows: Any, picked: list[int]) -> None:
-        """Keep the run of `keys` (`picked`: their positions in the rows given)."""
+    def _store(self, keys: list[bytes], rows: Any, picked: list[int], wait: bool = False) -> bool:
+        """Keep the run of `keys` (`picked`: their positions in the rows given); whether it was."""
         self._register(Run(next(self._ids), keys))
+        return True
 
     def _register(self, run: Run) -> None:
         """Index a run that is now stored, and evict over the budget."""

@@ -5,8 +5,8 @@ prefix continues in storage (`MatchResult.storage_tokens`) starts a read of thos
 runs in the storage tier's reader thread while the request waits. Reads that have finished are
 installed into the host tier (`StorageTieredCache.install`) at once, so the scheduling policy
 sees them as host hits. At admission, `admit_ready` says whether a request may go now under the
-prefetch policy (`best_effort`: yes, with whatever has arrived; `wait_complete`: once its read
-is done; `timeout`: once done or `--kv-storage-prefetch-timeout` passed) and installs what
+prefetch policy (`best_effort`: once any page has arrived, with whatever has; `wait_complete`:
+once its read is done; `timeout`: once done or `--kv-storage-prefetch-timeout` passed) and installs what
 has arrived. The running batch never waits on a read: only installing (a copy in memory) runs
 on the scheduler's thread.
 """

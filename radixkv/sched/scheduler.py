@@ -311,6 +311,8 @@ class Scheduler:
                 self.kv.rollback(row.req, len(row.tokens))
 
     def _finish(self, req: Req, reason: dict[str, Any]) -> None:
+        if self.prefetcher is not None:
+            self.prefetcher.forget(req)
         if req.status is ReqStatus.RUNNING:
             self.kv.release(req)
             self.running.remove(req)

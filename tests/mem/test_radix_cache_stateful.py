@@ -465,10 +465,10 @@ class LabelledTiers:
                 super().__init__(StorageTierConfig(STORAGE_PAGES, page_size, write_policy, hit_threshold=2))
                 self.labels: dict[bytes, tuple] = {}
 
-            def _store(self, keys, rows, picked):
+            def _store(self, keys, rows, picked, wait=False):
                 for key, i in zip(keys, picked):
                     self.labels[key] = rows[i]
-                super()._store(keys, rows, picked)
+                return super()._store(keys, rows, picked, wait)
 
             def _delete(self, run):
                 for key in run.keys:

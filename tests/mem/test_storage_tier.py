@@ -294,3 +294,109 @@ def test_a_second_process_on_the_same_directory_runs_without_the_tier(tmp_path, 
     assert subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 0
     assert first.storage.enabled
     first.storage.close()
+
+
+# -- found in review -------------------------------------------------------------------------------
+def test_broken_headers_and_foreign_names_never_stop_a_start_and_others_files_stay(tmp_path):
+    """A header that is valid JSON but not an object, or holds a key that is not hex, raised at
+    start-up; a directory named like a temporary file raised on unlink; any file with ".tmp" in
+    its name was deleted, the user's included; a file not named by its first key was indexed."""
+    cache, pool = disk_cache(tmp_path)
+    push_to_storage(cache, pool, list(range(8)))
+    cache.storage.close()
+    good = sorted(tmp_path.glob(f"*{SUFFIX}"))
+    import json as _json
+    import struct as _struct
+
+    def header_file(name, header):
+        body = _json.dumps(header).encode()
+        (tmp_path / name).write_bytes(b"RKVP1\n" + _struct.pack("<I", len(body)) + body)
+
+    ident = IDENTITY.hex()
+    header_file(f"{'11' * 16}{SUFFIX}", [1, 2, 3])
+    header_file(f"{'22' * 16}{SUFFIX}", {"identity": ident, "page_size": 2, "page_bytes": disk_page_bytes(pool),
+                                          "keys": ["zz" * 16], "crc": [0]})
+    (tmp_path / f"{'33' * 16}{SUFFIX}.tmp99").mkdir()
+    (tmp_path / "notes.tmp").write_text("the user's")
+    misnamed = tmp_path / f"{'44' * 16}{SUFFIX}"
+    misnamed.write_bytes(good[0].read_bytes())  # a copy under another name: its keys are another file's
+    again, _ = disk_cache(tmp_path)
+    assert again.storage.enabled and again.storage.stored_pages > 0
+    assert not (tmp_path / f"{'11' * 16}{SUFFIX}").exists() and not (tmp_path / f"{'22' * 16}{SUFFIX}").exists()
+    assert not misnamed.exists() and (tmp_path / "notes.tmp").exists()
+    assert all(p.exists() for p in good)
+    again.storage.close()
+
+
+def disk_page_bytes(pool):
+    return sum(int(torch.Size(shape).numel()) * torch.empty((), dtype=dtype).element_size()
+               for shape, dtype in pool.page_shapes())
+
+
+def test_a_run_evicted_while_being_read_is_a_plain_miss_not_corruption(tmp_path):
+    """It was counted (and logged) as a corrupt file."""
+    cache, pool = disk_cache(tmp_path)
+    push_to_storage(cache, pool, list(range(8)))
+    storage = cache.storage
+    key, (run, _) = next(iter(storage._index.items()))
+    real = storage._read_page
+
+    def evicted_meanwhile(run, i, files):  # the writer evicts the run after the reader looked it up
+        storage._drop_run(run)
+        return real(run, i, files)
+
+    storage._read_page = evicted_meanwhile
+    corrupt = storage.counters["corrupt_files"]
+    fetch = storage.fetch([key])
+    wait(fetch)
+    assert fetch.arrived == 0 and storage.counters["corrupt_files"] == corrupt
+    storage.close()
+
+
+def test_writes_past_the_pending_cap_are_skipped_or_wait(tmp_path):
+    import threading
+
+    cache, pool = disk_cache(tmp_path)
+    storage = cache.storage
+    release = threading.Event()
+    real = storage._write_file
+    storage._write_file = lambda keys, rows: (release.wait(30), real(keys, rows))
+    storage.max_pending_bytes = storage.page_bytes  # one page in flight at most
+    rows = [torch.zeros((1, *shape), dtype=dtype) for shape, dtype in pool.page_shapes()]
+    assert storage.write([b"a" * 16], rows) == 1
+    assert storage.write([b"b" * 16], rows) == 0 and storage.counters["skipped_pages"] == 1
+    done = []
+    waiter = threading.Thread(target=lambda: done.append(storage.write([b"c" * 16], rows, wait=True)))
+    waiter.start()
+    time.sleep(0.2)
+    assert not done  # waits for room instead of skipping (persist at shutdown)
+    release.set()
+    waiter.join(30)
+    storage.flush()
+    assert done == [1] and storage.holds(b"a" * 16) and storage.holds(b"c" * 16)
+    storage.close()
+
+
+def test_retrained_weights_of_the_same_size_change_the_identity(tmp_path):
+    from radixkv.mem.page_keys import model_fingerprint
+
+    (tmp_path / "config.json").write_text("{}")
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(bytes(1 << 20))
+    before = model_fingerprint(tmp_path)
+    weights.write_bytes(bytes([1]) * (1 << 20))  # the same size and name, every weight changed
+    assert model_fingerprint(tmp_path) != before
+    weights.write_bytes(bytes(1 << 20))
+    assert model_fingerprint(tmp_path) == before  # (slices are sampled: a key is stable across starts)
+
+
+def test_best_effort_waits_for_a_first_page_then_goes_with_what_has_arrived():
+    from radixkv.mem.storage_tier import Fetch
+
+    fetch = Fetch([b"k" * 16, b"l" * 16])
+    assert not fetch.ready("best_effort", 0.0)  # nothing yet: admitting now would use nothing
+    fetch.arrived = 1
+    assert fetch.ready("best_effort", 0.0) and not fetch.ready("wait_complete", 0.0)
+    assert fetch.ready("timeout", 0.0) and not fetch.ready("timeout", 60.0)
+    fetch.done = True
+    assert fetch.ready("wait_complete", 0.0)
