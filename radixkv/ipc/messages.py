@@ -45,9 +45,13 @@ class AbortMsg:
     rid: str
 
 
+CACHE_TREE_MAX_NODES = 2000
+
+
 @dataclass(frozen=True, slots=True)
 class ControlRequest:
-    """Tokenizer manager -> scheduler: `kind` is "flush_cache", "stats" or "shutdown"."""
+    """Tokenizer manager -> scheduler: `kind` is "flush_cache", "stats", "cache_tree" (the top
+    `CACHE_TREE_MAX_NODES` nodes, `radixkv.mem.tree_view`) or "shutdown"."""
 
     call_id: str
     kind: str

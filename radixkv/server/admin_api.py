@@ -1,4 +1,4 @@
-"""Control and introspection: GET /health, /server_info, /metrics; POST /flush_cache."""
+"""Control and introspection: GET /health, /server_info, /metrics, /cache_tree; POST /flush_cache."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from radixkv.errors import RadixKVError
+from radixkv.ipc.messages import CACHE_TREE_MAX_NODES as MAX_NODES
 from radixkv.server.http_common import HTTPError, error_response
 from radixkv.server.tokenizer_manager import TokenizerManager
 from radixkv.version import __version__
@@ -71,6 +72,21 @@ async def flush_cache(request: Request):
     if not (await request.app.state.manager.control("flush_cache"))["flushed"]:
         raise HTTPError(409, "the cache was not flushed: requests are in flight (retry when idle)", "conflict")
     return {"flushed": True}
+
+
+@router.get("/cache_tree")
+async def cache_tree(request: Request, limit: int = 200):
+    """The radix tree's top `limit` nodes by tokens x (hits + 1), each with a text preview (see
+    `radixkv.mem.tree_view`)."""
+    if not 1 <= limit <= MAX_NODES:
+        raise HTTPError(400, f"limit={limit}: must be in 1..{MAX_NODES}", "invalid_request_error")
+    manager: TokenizerManager = request.app.state.manager
+    tree = await manager.control("cache_tree")
+    nodes = tree["nodes"][:limit]
+    for node in nodes:
+        node["preview"] = manager.tokenizer.decode(node.pop("preview_ids"))
+    return {"nodes": nodes, "total_nodes": tree["total_nodes"], "total_tokens": tree["total_tokens"],
+            "page_size": manager.info["page_size"]}
 
 
 @router.get("/metrics")

@@ -31,13 +31,15 @@ from radixkv.ipc import (
     decode,
     encode,
 )
+from radixkv.mem.tree_view import MAX_NODES, tree_nodes
 from radixkv.outputs import ReqOutput
 from radixkv.procs import PARENT_POLL_MS, become_child, parent_alive
 from radixkv.sched import Req, Scheduler
 from radixkv.sched.loop import AbortRequest, AddRequest, CallScheduler, Command, SchedulerLoop, Stop
 from radixkv.server.sockets import Endpoints
 
-CONTROLS = {"flush_cache": lambda s: {"flushed": s.flush_cache()}, "stats": lambda s: s.get_stats()}
+CONTROLS = {"flush_cache": lambda s: {"flushed": s.flush_cache()}, "stats": lambda s: s.get_stats(),
+            "cache_tree": lambda s: tree_nodes(s.cache, MAX_NODES)}
 
 
 def scheduler_info(scheduler: Scheduler, config: EngineConfig) -> dict[str, Any]:
