@@ -40,6 +40,7 @@ class ReqOutput:
     spec_accepted_tokens: int = 0  # draft tokens kept
     host_hit_tokens: int = 0  # of cached_tokens, copied back from the host tier
     storage_hit_tokens: int = 0  # of cached_tokens, read from the storage tier
+    cache_causes: dict[str, int] | None = None  # the prompt split by cause (`radixkv.mem.miss_causes`)
 
     @classmethod
     def failed(cls, rid: str, message: str, kind: ErrorKind) -> ReqOutput:
@@ -53,7 +54,7 @@ class ReqOutput:
                 "completion_tokens": self.completion_tokens, "finish_reason": self.finish_reason,
                 "ttft": self.ttft, "e2e_latency": self.latency, "spec_verify_ct": self.spec_verify_ct,
                 "spec_accepted_tokens": self.spec_accepted_tokens,
-                "cached_tokens_details": self.cached_tokens_details()}
+                "cached_tokens_details": self.cached_tokens_details(), "cache": self.cache_causes}
 
     def cached_tokens_details(self) -> dict[str, int]:
         """Where the cached part of the prompt came from: the device pool, the host tier, storage."""

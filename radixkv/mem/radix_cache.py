@@ -65,11 +65,12 @@ from radixkv.mem.allocator import PageAllocator
 from radixkv.mem.cache_checks import check_tree
 from radixkv.mem.candidates import EvictionCandidates
 from radixkv.mem.base import InsertResult, MatchResult, Namespace, PrefixCache
-from radixkv.mem.cache_events import GPU, CacheEventLog
+from radixkv.mem.cache_events import GPU, CacheEventLog, node_hashes
 from radixkv.mem.eviction import EvictionPolicy, make_policy
 from radixkv.mem.tree_node import TreeNode
 
 if TYPE_CHECKING:
+    from radixkv.mem.miss_causes import GhostIndex
     from radixkv.retention import Retention
 
 class RadixCache(PrefixCache):
@@ -84,6 +85,7 @@ class RadixCache(PrefixCache):
         self.page_size = allocator.page_size
         self.policy = make_policy(eviction_policy, attention_scale)
         self.events: CacheEventLog | None = None  # records page changes for KV events, when set
+        self.ghosts: GhostIndex | None = None  # hashes of pages that left the cache (miss causes), when set
         self.reset_stats()
         self._init_tree()
 
@@ -412,6 +414,8 @@ class RadixCache(PrefixCache):
             self._delete_leaf(node)
 
     def _trim_leaf(self, node: TreeNode, keep: int) -> None:
+        if self.ghosts is not None:
+            self.ghosts.add(node_hashes(node, self.page_size)[keep // self.page_size:])
         if self.events is not None:
             self.events.removed(node, GPU, keep // self.page_size)
         if node.page_hashes is not None:
@@ -424,6 +428,8 @@ class RadixCache(PrefixCache):
         self.candidates.add(node)
 
     def _delete_leaf(self, node: TreeNode) -> None:
+        if self.ghosts is not None:
+            self.ghosts.add(node_hashes(node, self.page_size))
         if self.events is not None:
             self.events.removed(node, GPU)
         parent = node.parent

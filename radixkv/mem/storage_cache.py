@@ -282,6 +282,9 @@ class StorageTieredCache(HostTieredCache):
                 self.storage.write(keys, self.host.rows(node.host_pages))
         super()._drop_host_only(node)
 
+    def _kept_below(self, node: StorageNode) -> bool:
+        return not self.storage.needs(self.keys_of(node))
+
     def _rows(self, node: StorageNode):
         """The bytes of `node`'s pages, from the host copy if it has one, else the device."""
         return self.host.rows(node.host_pages) if node.host_pages is not None else self.host.device_rows(node.pages)

@@ -32,7 +32,7 @@ from sortedcontainers import SortedList
 from radixkv.mem.allocator import PageAllocator
 from radixkv.mem.base import MatchResult, Namespace
 from radixkv.mem.cache_checks import check_host_tier, check_tree
-from radixkv.mem.cache_events import CPU, GPU
+from radixkv.mem.cache_events import CPU, GPU, node_hashes
 from radixkv.mem.eviction import EvictionPolicy
 from radixkv.mem.host_tier import HostTier
 from radixkv.mem.radix_cache import RadixCache
@@ -243,6 +243,8 @@ class HostTieredCache(RadixCache):
     def _drop_host_only(self, node: TieredNode) -> None:
         """Remove a host-only leaf from the tree and the host tier."""
         assert not node.on_device and not node.children
+        if self.ghosts is not None and not self._kept_below(node):
+            self.ghosts.add(node_hashes(node, self.page_size))
         self.epoch += 1
         parent = node.parent
         del parent.children[node.child_key]
@@ -254,6 +256,10 @@ class HostTieredCache(RadixCache):
             self._drop_host_candidate(node)
         if not parent.on_device and parent is not self.root and not parent.children:
             self._add_host_candidate(parent)  # (a device parent's candidacy ignores host-only children)
+
+    def _kept_below(self, node: TieredNode) -> bool:
+        """Tier hook: whether a tier below the host keeps `node`'s pages as it leaves the tree."""
+        return False
 
     def _drop_host_subtree(self, node: TieredNode) -> None:
         """Remove every (host-only) descendant of `node`."""

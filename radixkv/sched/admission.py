@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from radixkv.config import EngineConfig
@@ -40,11 +41,12 @@ class Admission:
 
     def __init__(self, config: EngineConfig, kv: RequestKV, policy: SchedulePolicy, stats: SchedulerStats,
                  waiting: deque[Req], running: list[Req], proposer=None, context_length: int | None = None,
-                 prefetcher: Prefetcher | None = None):
+                 prefetcher: Prefetcher | None = None, explain: Callable[[Req], dict[str, int]] | None = None):
         self.config, self.kv, self.policy, self.stats = config, kv, policy, stats
         self.waiting, self.running = waiting, running
         self.proposer, self.context_length = proposer, context_length  # speculative decoding
         self.prefetcher = prefetcher  # storage reads that waiting requests may wait on
+        self.explain = explain  # a request's prompt split by cause (miss attribution), at first admission
 
     def schedule(self) -> Schedule | None:
         """The next forward's rows, or None when nothing can run."""
@@ -150,6 +152,9 @@ class Admission:
                 req.host_hit_tokens -= req.storage_hit_tokens
                 self.stats.record_admission(len(req.prompt_ids), req.cached_tokens, req.host_hit_tokens,
                                             req.storage_hit_tokens)
+                if self.explain is not None:
+                    req.cache_causes = self.explain(req)
+                    self.stats.record_causes(req.cache_causes)
             admitted.add(req.rid)
             in_batch.add(key)
             rows.append(done.row)

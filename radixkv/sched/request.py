@@ -53,6 +53,7 @@ class Req:
     cached_tokens: int = 0  # prompt tokens served from the cache at first admission
     host_hit_tokens: int = 0  # of those, copied back from the host tier
     storage_hit_tokens: int = 0  # of those, read from the storage tier
+    cache_causes: dict[str, int] | None = None  # the prompt split by why it hit or missed, at first admission
     admitted_once: bool = False
     passed_over: int = 0  # scheduling rounds this request was skipped (lpm starvation bound)
     retractions: int = 0
@@ -124,6 +125,7 @@ class Req:
             error=error, error_kind=error_kind, output_logprobs=out_lp, output_top_logprobs=out_top,
             input_logprobs=in_lp, input_top_logprobs=in_top, spec_verify_ct=self.spec_verify_ct,
             host_hit_tokens=self.host_hit_tokens, storage_hit_tokens=self.storage_hit_tokens,
+            cache_causes=self.cache_causes,
             spec_accepted_tokens=self.spec_accepted_tokens)
 
     def check(self) -> None:

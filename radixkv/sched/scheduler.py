@@ -29,13 +29,14 @@ from radixkv.errors import ErrorKind, InvalidRequestError
 from radixkv.grammar_spec import GrammarSpec
 from radixkv.mem import KVMemory, make_prefix_cache
 from radixkv.mem.cache_events import CacheEventLog
+from radixkv.mem.miss_causes import GhostIndex, explain, retokenized
 from radixkv.model.runner import ModelRunner
 from radixkv.model.sampler import Sampler
 from radixkv.outputs import ReqOutput
 from radixkv.sched.admission import Admission
 from radixkv.sched.batch import ScheduledBatch
 from radixkv.sched.kv import RequestKV
-from radixkv.sched.policy import SchedulePolicy
+from radixkv.sched.policy import SchedulePolicy, match_key
 from radixkv.sched.postprocess import PostProcessor
 from radixkv.sched.prefetch import Prefetcher, open_storage
 from radixkv.sched.request import Req, ReqStatus
@@ -84,13 +85,27 @@ class Scheduler:
         self.policy = SchedulePolicy(config.schedule_policy, self.cache, config.starvation_limit)
         self.kv = RequestKV(memory, self.cache, config.retract_decode_steps)
         self.proposer = self._proposer(config)
+        if hasattr(self.cache, "root"):  # remember evicted pages, to tell an evicted prefix from a new one
+            self.cache.ghosts = GhostIndex()
         self.admission = Admission(config, self.kv, self.policy, self.stats, self.waiting, self.running,
-                                   self.proposer, runner.context_length, self.prefetcher)
+                                   self.proposer, runner.context_length, self.prefetcher, self._explain)
         self.post = PostProcessor(Sampler(runner.device, config.random_seed), self.eos_ids, runner.context_length,
                                   decoder, runner.model_config.vocab_size, self.stats)
         self._grammars = None  # GrammarService, started by the first constrained request
         self.timeline = open_timeline(config.timeline_file)
         self.kv_events = self._kv_event_publisher(config)
+
+    def _explain(self, req: Req) -> dict[str, int]:
+        """`req`'s prompt by cause, at its first admission (see `radixkv.mem.miss_causes`). The
+        tokens a cache may never serve (the last, which runs for its logits, and those whose
+        prompt log-probs were asked for) count as `page_tail`: cached or not, they run."""
+        key = match_key(req)
+        device = req.cached_tokens - req.host_hit_tokens - req.storage_hit_tokens
+        causes = explain(self.cache, key, req.namespace, device, req.host_hit_tokens, req.storage_hit_tokens)
+        if self.tokenizer is not None:
+            causes = retokenized(self.cache, key, req.namespace, causes, self.tokenizer.decode)
+        causes["page_tail"] += len(req.prompt_ids) - len(key)
+        return causes
 
     @staticmethod
     def _storage(config: EngineConfig, runner: ModelRunner, memory: KVMemory):

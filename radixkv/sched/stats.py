@@ -35,6 +35,7 @@ class SchedulerStats:
     first_tokens: int = 0  # requests that produced their first token
     queue_seconds: float = 0.0  # arrival at the scheduler -> first scheduled into a forward
     prefill_seconds: float = 0.0  # first scheduled -> first token sampled (every chunk of the prompt)
+    cache_causes: dict[str, int] = field(default_factory=dict)  # prompt tokens by why they hit or missed
     step_seconds: dict[str, float] = field(default_factory=lambda: {"extend": 0.0, "decode": 0.0})
     forward_seconds: dict[str, float] = field(default_factory=lambda: {"extend": 0.0, "decode": 0.0})
 
@@ -45,6 +46,11 @@ class SchedulerStats:
         self.cached_prompt_tokens += cached_tokens
         self.host_hit_tokens += host_tokens
         self.storage_hit_tokens += storage_tokens
+
+    def record_causes(self, causes: dict[str, int]) -> None:
+        """One admitted prompt's tokens by cause (`radixkv.mem.miss_causes`)."""
+        for cause, n in causes.items():
+            self.cache_causes[cause] = self.cache_causes.get(cause, 0) + n
 
     def record_first_token(self, arrival: float, admitted: float, first_token: float) -> None:
         """A request's first token: how long it queued, and how long its prefill took."""

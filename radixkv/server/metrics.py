@@ -21,6 +21,10 @@ class ServerMetrics:
         self.cached_tokens = Counter("radixkv_cached_tokens",
                                      "Prompt tokens served from the prefix cache", registry=r)
         self.generation_tokens = Counter("radixkv_generation_tokens", "Generated tokens", registry=r)
+        self.cause_tokens = Counter("radixkv_prompt_tokens_by_cause", "Prompt tokens of finished requests by "
+                                    "why they hit or missed: device, host, storage (served from that tier); "
+                                    "page_tail, evicted, namespace, retokenized, new (computed)", ["cause"],
+                                    registry=r)
         self.ttft = Histogram("radixkv_time_to_first_token_seconds", "Time to first token",
                               buckets=LATENCY_BUCKETS, registry=r)
         self.latency = Histogram("radixkv_e2e_request_latency_seconds", "Arrival to finish",
@@ -81,6 +85,8 @@ class ServerMetrics:
         self.prompt_tokens.inc(chunk.prompt_tokens)
         self.cached_tokens.inc(chunk.cached_tokens)
         self.generation_tokens.inc(chunk.completion_tokens)
+        for cause, n in (chunk.cache_causes or {}).items():
+            self.cause_tokens.labels(cause=cause).inc(n)
         if chunk.ttft is not None:
             self.ttft.observe(chunk.ttft)
         if chunk.latency is not None:
