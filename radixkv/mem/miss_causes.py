@@ -30,6 +30,7 @@ CAUSES = ("device", "host", "storage", "page_tail", "evicted", "namespace", "ret
 MISSES = ("page_tail", "evicted", "namespace", "retokenized", "new")
 GHOST_PAGES = 1 << 20  # page hashes the ghost index remembers (about 100 MB at most)
 TAIL_SCAN_CHILDREN = 4096  # children looked at for a partial page (a root may have many)
+MAX_NAMESPACES = 32  # other namespaces looked in, at most (a server may have thousands of salts)
 
 
 class GhostIndex:
@@ -137,10 +138,10 @@ def _hash_before(cache: Any, key: tuple, end: int, namespace: Any) -> int | None
 
 
 def _other_namespace(cache: Any, key: tuple, namespace: Any) -> int:
-    """The longest cached prefix of `key` in any other namespace (any tier)."""
+    """The longest cached prefix of `key` in another namespace (any tier; `MAX_NAMESPACES` looked in)."""
     spaces = {ck[0] for ck in cache.root.children} - {namespace}
     best = 0
-    for space in spaces:
+    for space in list(spaces)[:MAX_NAMESPACES]:
         m = cache.peek(key, space)
         best = max(best, m.num_tokens + m.host_tokens + m.storage_tokens)
     return best
