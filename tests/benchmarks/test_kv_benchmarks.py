@@ -34,6 +34,7 @@ def test_kv_quant_rejects_an_unknown_format():
     assert proc.returncode == 2 and "--formats" in proc.stderr
 
 
+@pytest.mark.slow  # 24 s (two processes, the whole trace parsed); the split itself runs in CI in tests/workloads/test_replay.py
 def test_host_tier_replay_splits_hits_by_tier(tmp_path):
     out = tmp_path / "h.json"
     proc = script("host_tier_replay.py", "--limit", "400", "--capacity-tokens", "1000000", "--host-multipliers",

@@ -10,6 +10,7 @@ import pytest
 from tests.server_helpers import start_server, stop_server
 
 GREEDY = {"max_new_tokens": 8, "temperature": 0.0}
+PROMPTS = 10  # enough to push the first ones through the host tier to disk
 # pool and host tier of 240 tokens (15 pages of 16): a few prompts push the first ones to disk
 TIERS = ("--max-total-tokens", "240", "--page-size", "16", "--host-kv-size", "240",
          "--kv-storage-prefetch-policy", "wait_complete")
@@ -56,7 +57,7 @@ def test_a_restarted_server_hits_on_its_first_request(tmp_path):
 def test_kill_9_while_writing_then_restart_serves_right_answers(tmp_path):
     victim = start_server(*TIERS, "--kv-storage-dir", str(tmp_path))
     expected = {}
-    for i in range(10):  # each prompt pushes older ones through the host tier to disk
+    for i in range(PROMPTS):  # each prompt pushes older ones through the host tier to disk
         expected[i] = generate(victim, prompt(i))["output_ids"]  # computed in full: the right answers
     deadline = time.monotonic() + 30
     while not list(tmp_path.glob("*.kvp")):
@@ -67,7 +68,7 @@ def test_kill_9_while_writing_then_restart_serves_right_answers(tmp_path):
     survivor = start_server(*TIERS, "--kv-storage-dir", str(tmp_path))
     try:
         hits = 0
-        for i in range(10):
+        for i in range(PROMPTS):
             out = generate(survivor, prompt(i))
             assert out["output_ids"] == expected[i], f"prompt {i} answered differently after the restart"
             hits += out["meta_info"]["cached_tokens_details"]["storage"]
