@@ -57,14 +57,16 @@ def test_a_restarted_server_hits_on_its_first_request(tmp_path):
 def test_kill_9_while_writing_then_restart_serves_right_answers(tmp_path):
     victim = start_server(*TIERS, "--kv-storage-dir", str(tmp_path))
     expected = {}
-    for i in range(PROMPTS):  # each prompt pushes older ones through the host tier to disk
-        expected[i] = generate(victim, prompt(i))["output_ids"]  # computed in full: the right answers
-    deadline = time.monotonic() + 30
-    while not list(tmp_path.glob("*.kvp")):
-        assert time.monotonic() < deadline, "nothing was written"
-        time.sleep(0.05)
-    victim.proc.send_signal(signal.SIGKILL)  # mid-write, perhaps: no chance to finish or clean up
-    victim.proc.wait(30)
+    try:
+        for i in range(PROMPTS):  # each prompt pushes older ones through the host tier to disk
+            expected[i] = generate(victim, prompt(i))["output_ids"]  # computed in full: the right answers
+        deadline = time.monotonic() + 30
+        while not list(tmp_path.glob("*.kvp")):
+            assert time.monotonic() < deadline, "nothing was written"
+            time.sleep(0.05)
+    finally:
+        victim.proc.send_signal(signal.SIGKILL)  # mid-write, perhaps: no chance to finish or clean up
+        victim.proc.wait(30)
     survivor = start_server(*TIERS, "--kv-storage-dir", str(tmp_path))
     try:
         hits = 0
