@@ -54,6 +54,7 @@ def test_a_restarted_server_hits_on_its_first_request(tmp_path):
         stop_server(second)
 
 
+@pytest.mark.slow  # 25 s; its parts run in CI: torn, half-written and corrupt files in tests/mem/test_storage_tier.py, a restart through the server above
 def test_kill_9_while_writing_then_restart_serves_right_answers(tmp_path):
     victim = start_server(*TIERS, "--kv-storage-dir", str(tmp_path))
     expected = {}
