@@ -36,6 +36,7 @@ def test_a_kernel_that_does_not_compile_is_caught(monkeypatch):
     assert problem == "triton attention failed to run: RuntimeError: PTX compilation failed"
 
 
+@pytest.mark.slow  # 20 s (an engine start); the check's failure paths run in CI in the tests above
 def test_the_engine_falls_back_to_torch_and_says_so(monkeypatch, tiny_model_dir):
     from radixkv.engine import Engine
     from radixkv.server.scheduler_process import scheduler_info

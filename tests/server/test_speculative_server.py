@@ -1,11 +1,14 @@
 """Speculative decoding through the real server: the options on `radixkv serve`, the same
 greedy text as without, `meta_info.spec_verify_ct`, and the totals in /server_info and /metrics."""
 
+import pytest
+
 from tests.server_helpers import start_server, stop_server
 
 QUESTION = {"text": "List the days of the week, one per line.", "sampling_params": {"max_new_tokens": 40, "temperature": 0}}
 
 
+@pytest.mark.slow  # 22 s (a server of its own); speculative decoding runs in CI in tests/sched/test_speculative.py
 def test_a_question_asked_again_is_drafted_from_the_radix_cache(server):
     plain = server.client().post("/generate", json=QUESTION).json()
     spec = start_server("--speculative-algorithm", "radix", "--speculative-num-draft-tokens", "6", compiled=True)
