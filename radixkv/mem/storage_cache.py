@@ -204,9 +204,7 @@ class StorageTieredCache(HostTieredCache):
         copies of device-resident nodes (least recently used first: the device keeps the KV,
         a later eviction copies it again)."""
         host = self.host
-        if host.allocator.free_pages < need:
-            self._evict_host(need)  # (the pages to have free, not the shortfall)
-        if host.allocator.free_pages < need:
+        if not self._make_host_room(need):
             copies = sorted((n for n in self.nodes() if n.on_device and n.host_pages is not None),
                             key=lambda n: n.last_access)
             for node in copies:

@@ -225,13 +225,17 @@ class HostTieredCache(RadixCache):
         """Host copies of `device_pages`, making room by the host LRU; None if it cannot."""
         need = len(device_pages)
         host = self.host
-        if host.allocator.free_pages < need:
-            self._evict_host(need)  # (the pages to have free, not the shortfall)
-        if host.allocator.free_pages < need:
+        if not self._make_host_room(need):
             return None
         host_pages = host.allocator.alloc(need)
         host.save(device_pages, host_pages)
         return host_pages
+
+    def _make_host_room(self, need: int) -> bool:
+        """Evict host-only leaves (LRU) until `need` host pages are free; whether they are."""
+        if self.host.allocator.free_pages < need:
+            self._evict_host(need)  # (the pages to have free, not the shortfall)
+        return self.host.allocator.free_pages >= need
 
     def _evict_host(self, num_pages: int) -> None:
         """Drop host-only leaves, least recently used first, until `num_pages` host pages are free."""
