@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 from fastapi import APIRouter, Request
 
 from radixkv.errors import EngineError, InvalidRequestError, RadixKVError
+from radixkv.mem.miss_causes import CAUSES
 from radixkv.results import Collected
 from radixkv.retention import CONVERSATION_SECONDS, Retention
 from radixkv.sampling_params import LogprobParams, SamplingParams
@@ -64,16 +65,17 @@ def call_json(call: ToolCall, index: int | None = None) -> dict[str, Any]:
     return out if index is None else {"index": index, **out}
 
 
-def usage(prompt_tokens: int, completion_tokens: int, cached: dict[str, int]) -> dict[str, Any]:
-    """OpenAI's usage; `cached` is where the cached prompt tokens came from (`{device, host,
-    storage}`), reported beside their sum as SGLang does (`cached_tokens_details`)."""
+def usage(prompt_tokens: int, completion_tokens: int, served: list[Chunk]) -> dict[str, Any]:
+    """OpenAI's usage for prompts whose cache lookups `served` reports (one chunk per prompt):
+    where the cached tokens came from (`{device, host, storage}`) beside their sum, as SGLang
+    does (`cached_tokens_details`), and every prompt token by why it hit or missed (`cache`,
+    `radixkv.mem.miss_causes`; omitted where a lookup was not explained)."""
+    cached = {tier: sum(c.cached_tokens_details()[tier] for c in served) for tier in ("device", "host", "storage")}
+    details: dict[str, Any] = {"cached_tokens": sum(cached.values()), "cached_tokens_details": cached}
+    if served and all(c.cache_causes is not None for c in served):
+        details["cache"] = {cause: sum(c.cache_causes.get(cause, 0) for c in served) for cause in CAUSES}
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": sum(cached.values()), "cached_tokens_details": cached}}
-
-
-def summed(details: list[dict[str, int]]) -> dict[str, int]:
-    return {tier: sum(d[tier] for d in details) for tier in ("device", "host", "storage")}
+            "total_tokens": prompt_tokens + completion_tokens, "prompt_tokens_details": details}
 
 
 class Job:
@@ -86,14 +88,14 @@ class Job:
                  namespace: str | None = None, echo: str | None = None, retention: Retention | None = None):
         self.ids, self.params, self.logprob, self.namespace, self.echo = ids, params, logprob, namespace, echo
         self.retention = retention
-        self.cached: dict[str, int] | None = None  # of the prompt, before this request (n > 1), per tier
+        self.cached: Chunk | None = None  # the prompt's lookup before this request's samples (n > 1)
 
     async def prefill_if_shared(self, manager: TokenizerManager) -> None:
         """n > 1: compute the prompt once, so every sample reads it from the cache."""
         if len(self.params) > 1:
             _, _, last = await manager.generate(self.ids, SamplingParams(max_new_tokens=0), namespace=self.namespace,
                                                 retention=self.retention)
-            self.cached = last.cached_tokens_details()
+            self.cached = last
 
     def generate(self, manager: TokenizerManager, params: SamplingParams):
         return manager.generate(self.ids, params, namespace=self.namespace, logprob=self.logprob,
@@ -202,7 +204,7 @@ async def chat_completions(request: Request):
                         "finish_reason": chat_finish_reason(last.finish_reason, bool(calls))})
     return {**meta, "object": "chat.completion", "choices": choices,
             "usage": usage(len(job.ids), sum(r[2].completion_tokens for r in results),
-                           job_cached(job, [r[2] for r in results]))}
+                           [job_cached(job, [r[2] for r in results])])}
 
 
 @router.post("/v1/completions", openapi_extra=request_body(CompletionBody))
@@ -231,13 +233,13 @@ async def completions(request: Request):
             completion += last.completion_tokens
         cached.append(job_cached(job, [r[2] for r in results]))
     return {**meta, "object": "text_completion", "choices": choices,
-            "usage": usage(sum(len(j.ids) for j in jobs), completion, summed(cached))}
+            "usage": usage(sum(len(j.ids) for j in jobs), completion, cached)}
 
 
-def job_cached(job: Job, lasts: list[Chunk]) -> dict[str, int]:
-    """Prompt tokens the cache served, per tier: the first sample's, or, when the prompt was
-    prefilled once for n samples, what that prefill found cached."""
-    return job.cached if job.cached is not None else lasts[0].cached_tokens_details()
+def job_cached(job: Job, lasts: list[Chunk]) -> Chunk:
+    """The chunk that says what the cache held of the prompt: the first sample's, or, when the
+    prompt was prefilled once for n samples, that prefill's."""
+    return job.cached if job.cached is not None else lasts[0]
 
 
 def completion_prompts(manager: TokenizerManager, prompt) -> list[list[int]]:
@@ -383,7 +385,7 @@ async def chat_events(manager: TokenizerManager, job: Job, chunks: AsyncIterator
     if include_usage:
         finals = [lasts[j] for j in sorted(lasts)]
         yield {**base, "choices": [], "usage": usage(len(job.ids), sum(c.completion_tokens for c in finals),
-                                                     job_cached(job, finals))}
+                                                     [job_cached(job, finals)])}
 
 
 async def completion_events(manager: TokenizerManager, jobs: list[Job], owner: dict[int, Job],
@@ -412,6 +414,6 @@ async def completion_events(manager: TokenizerManager, jobs: list[Job], owner: d
         if chunk.finished:
             lasts[index] = chunk
     if include_usage:
-        cached = summed([job_cached(job, [lasts[k] for k in sorted(lasts) if owner[k] is job]) for job in jobs])
+        cached = [job_cached(job, [lasts[k] for k in sorted(lasts) if owner[k] is job]) for job in jobs]
         yield {**base, "choices": [], "usage": usage(sum(len(j.ids) for j in jobs),
                                                      sum(c.completion_tokens for c in lasts.values()), cached)}

@@ -144,7 +144,8 @@ def response_object(turn: Turn, model: str, status: str, output: list[dict[str, 
     if last is not None:
         cached = last.cached_tokens
         usage = {"input_tokens": len(turn.ids),
-                 "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": len(turn.ids) - cached},
+                 "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": len(turn.ids) - cached,
+                                          **({"cache": last.cache_causes} if last.cache_causes is not None else {})},
                  "output_tokens": last.completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
                  "total_tokens": len(turn.ids) + last.completion_tokens}
     incomplete = status == "incomplete"

@@ -34,7 +34,12 @@ def test_chat_completion_and_its_stream_say_the_same(client):
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
     assert chunks[-1].usage.completion_tokens == full.usage.completion_tokens
     # the same prompt again: all of it but the last token came from the cache
-    assert chunks[-1].usage.prompt_tokens_details.cached_tokens == full.usage.prompt_tokens - 1
+    details = chunks[-1].usage.prompt_tokens_details
+    assert details.cached_tokens == full.usage.prompt_tokens - 1
+    # ... and the usage extension says why each prompt token hit or missed
+    causes = details.model_extra["cache"]
+    assert sum(causes.values()) == full.usage.prompt_tokens and causes["device"] == details.cached_tokens
+    assert sum(full.usage.prompt_tokens_details.model_extra["cache"].values()) == full.usage.prompt_tokens
 
 
 def test_completions_with_stop_and_seed(client):

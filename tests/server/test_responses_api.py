@@ -30,6 +30,9 @@ def test_previous_response_id_continues_from_the_exact_tokens_of_each_turn(clien
         # the previous prompt and everything it generated (but the last token, never run through
         # the model) were cached: the new prompt starts with exactly those ids
         assert nxt.usage.input_tokens_details.cached_tokens == turn.usage.input_tokens + turn.usage.output_tokens - 1
+        causes = nxt.usage.input_tokens_details.model_extra["cache"]  # the usage extension: why each token hit or missed
+        assert causes["device"] == nxt.usage.input_tokens_details.cached_tokens
+        assert sum(causes.values()) == nxt.usage.input_tokens
         assert nxt.usage.input_tokens > turn.usage.input_tokens + turn.usage.output_tokens
         turn = nxt
     stored = client.responses.retrieve(turn.id)
