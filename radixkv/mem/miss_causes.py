@@ -14,14 +14,16 @@
 The parts add up to the prompt. Pages are named by the KV-events hash chain
 (`radixkv.mem.cache_events`), which every node keeps once computed. The ghost index is fed by
 the tree when pages leave its last tier (device eviction without a host tier, host eviction
-without a storage tier, a save that found no room); pages evicted from the storage tier are
-not tracked (their misses count as new).
+without a storage tier, a save that found no room), and by the storage tier's LRU, under the
+pages' storage keys (`radixkv.mem.page_keys`): a page is evicted if either name is a ghost.
 """
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
+from itertools import repeat
 from typing import Any
 
 from radixkv.mem.cache_events import chain_hashes, namespace_root, node_hashes
@@ -34,21 +36,24 @@ MAX_NAMESPACES = 32  # other namespaces looked in, at most (a server may have th
 
 
 class GhostIndex:
-    """Hashes of pages that left the cache, the most recent `capacity`."""
+    """Names of pages that left the cache (event hashes, storage keys), the most recent
+    `capacity`. `add` may come from storage's writer thread: it takes a lock."""
 
     def __init__(self, capacity: int = GHOST_PAGES):
         self.capacity = capacity
-        self._keys: OrderedDict[int, None] = OrderedDict()
+        self._keys: OrderedDict[Hashable, None] = OrderedDict()
+        self._lock = threading.Lock()
 
-    def add(self, hashes: Iterable[int]) -> None:
-        keys = self._keys
-        for h in hashes:
-            keys[h] = None
-            keys.move_to_end(h)
-        while len(keys) > self.capacity:
-            keys.popitem(last=False)
+    def add(self, names: Iterable[Hashable]) -> None:
+        with self._lock:
+            keys = self._keys
+            for h in names:
+                keys[h] = None
+                keys.move_to_end(h)
+            while len(keys) > self.capacity:
+                keys.popitem(last=False)
 
-    def __contains__(self, h: int) -> bool:
+    def __contains__(self, h: Hashable) -> bool:
         return h in self._keys
 
     def __len__(self) -> int:
@@ -75,8 +80,10 @@ def explain(cache: Any, prompt: Sequence[int], namespace: Any, device: int, host
         prev = _hash_before(cache, key, at, namespace)
         if prev is not None:
             whole = (len(key) - at) // size * size
-            for h in chain_hashes(prev, key[at:at + whole], size):
-                if h not in ghosts:
+            stored = getattr(cache, "storage_chain", None)  # the same pages' storage keys
+            skeys = stored(key, at, namespace) if stored is not None else repeat(None)
+            for h, k in zip(chain_hashes(prev, key[at:at + whole], size), skeys):
+                if h not in ghosts and k not in ghosts:
                     break
                 at += size
             out["evicted"] = at - served

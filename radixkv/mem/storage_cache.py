@@ -72,6 +72,13 @@ class StorageTieredCache(HostTieredCache):
         self.identity = identity
         self._roots: dict[Any, bytes] = {}
         super().__init__(allocator, eviction_policy, attention_scale, host_tier, clock)
+        storage.on_evict = self._storage_evicted
+
+    def _storage_evicted(self, keys: list[bytes]) -> None:
+        """Pages storage let go left the last tier: the ghost index (miss causes) remembers them
+        by their storage keys. (Called on storage's writer thread; the index has its own lock.)"""
+        if self.ghosts is not None:
+            self.ghosts.add(keys)
 
     def reset_stats(self) -> None:
         super().reset_stats()
@@ -108,6 +115,14 @@ class StorageTieredCache(HostTieredCache):
             if child.depth < end <= child.depth + n:
                 return self.keys_of(child)[(end - child.depth) // self.page_size - 1]
         return None
+
+    def storage_chain(self, key: Sequence[int], start: int, namespace: Namespace = None):
+        """The storage keys of `key`'s whole pages from token `start` on (a page boundary the
+        tree holds), computed lazily; empty if the tree does not hold `key` that far."""
+        prev = self._key_before(tuple(key), start, namespace)
+        if prev is None:
+            return iter(())
+        return chain(prev, key[start:len(key) // self.page_size * self.page_size], self.page_size)
 
     # -- lookup --------------------------------------------------------------------------------
     def peek(self, key: Sequence[int], namespace: Namespace = None) -> MatchResult:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -117,6 +117,7 @@ class StorageTier:
         self._runs: OrderedDict[Any, Run] = OrderedDict()  # least recently used first
         self._ids = itertools.count()
         self.stored_pages = 0
+        self.on_evict: Callable[[list[bytes]], None] | None = None  # told the keys of each run evicted
         self.counters = {"written_pages": 0, "read_pages": 0, "evicted_pages": 0, "bytes_written": 0,
                          "bytes_read": 0, "prefetches": 0, "prefetches_complete": 0, "prefetches_partial": 0,
                          "prefetches_failed": 0, "corrupt_files": 0, "write_errors": 0, "skipped_pages": 0}
@@ -186,6 +187,8 @@ class StorageTier:
         self.stored_pages -= len(run.keys)
         if evicted:
             self.counters["evicted_pages"] += len(run.keys)
+            if self.on_evict is not None:
+                self.on_evict(run.keys)
         self._delete(run)
 
     def _delete(self, run: Run) -> None:

@@ -72,6 +72,26 @@ def test_a_host_hit_and_an_eviction_from_the_host_tier():
     assert why(cache, A) == {"evicted": 8}
 
 
+def test_a_storage_hit_and_an_eviction_from_the_storage_tier():
+    from radixkv.mem.storage_cache import StorageTieredCache
+    from radixkv.mem.storage_tier import StorageTier, StorageTierConfig
+
+    host = HostTier(HostTierConfig(2, 4))
+    storage = StorageTier(StorageTierConfig(2, 4))  # one 8-token prefix fits in storage
+    cache = StorageTieredCache(PageAllocator(2, 4), "lru", host_tier=host, storage=storage, identity=b"i" * 16)
+    cache.ghosts = GhostIndex()
+    for key in (A, list(range(200, 208)), list(range(300, 308))):  # A: device, host, then storage
+        put(cache, key)
+    m = cache.peek(A)
+    assert (m.num_tokens, m.host_tokens, m.storage_tokens) == (0, 0, 8)
+    assert explain(cache, A, None, 0, 0, 8)["storage"] == 8
+    assert len(cache.ghosts) == 0  # every page is still in some tier
+    put(cache, list(range(400, 408)))  # storage lets A go for the next prefix written
+    assert cache.peek(A).storage_tokens == 0 and storage.counters["evicted_pages"] == 2
+    assert why(cache, A) == {"evicted": 8}
+    assert why(cache, A[:4] + [1, 2, 3, 4]) == {"evicted": 4, "new": 4}
+
+
 def test_text_that_a_cached_sequence_holds_under_other_token_ids_is_retokenized():
     vocab = {1: "Hello", 2: " world", 3: "Hello ", 4: "world", 5: "!", 9: "Bye"}
     decode = lambda ids: "".join(vocab[i] for i in ids)  # noqa: E731
