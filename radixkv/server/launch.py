@@ -213,13 +213,6 @@ async def watch(server, manager, children: Children, shutdown: Shutdown, setting
 
 
 async def _serve(config: EngineConfig, host: str, port: int, settings) -> int:
-    import uvicorn
-
-    from radixkv.server.http_app import create_app
-    from radixkv.server.metrics import ServerMetrics
-    from radixkv.server.tokenizer_manager import TokenizerManager
-    from radixkv.tokenizer import Tokenizer
-
     shutdown = Shutdown()
     loop = asyncio.get_running_loop()
     for sig in EXIT_CODES:
@@ -228,10 +221,20 @@ async def _serve(config: EngineConfig, host: str, port: int, settings) -> int:
     children = Children(config, endpoints)
     manager = None
     try:
+        # The children first: their imports and the model load overlap this process's own (the
+        # HTTP stack, the tokenizer). What they send before the tokenizer manager binds its
+        # socket waits in ZMQ's queue.
+        children.start()
+        import uvicorn
+
+        from radixkv.server.http_app import create_app
+        from radixkv.server.metrics import ServerMetrics
+        from radixkv.server.tokenizer_manager import TokenizerManager
+        from radixkv.tokenizer import Tokenizer
+
         metrics = ServerMetrics()
         manager = TokenizerManager(Tokenizer(config.model), endpoints, on_finished=metrics.observe_finished)
         manager.start()
-        children.start()
         info = await wait_ready(manager, children, shutdown)
         if isinstance(info, int):
             return info
