@@ -25,7 +25,7 @@ def test_the_tree_after_a_known_workload(server):
         info = c.get("/server_info").json()
         assert tree["total_tokens"] == info["kv_pool"]["cached_tokens_in_tree"] + info["stats"].get(
             "host_used_tokens", 0)
-        shared = [n for n in tree["nodes"] if "lighthouse keeper" in n["preview"]]
+        shared = [n for n in tree["nodes"] if "lighthouse keeper's assistant" in n["preview"]]
         assert shared, [n["preview"] for n in tree["nodes"][:5]]
         node = max(shared, key=lambda n: n["hits"])
         assert node["hits"] >= 2 and node["tier"] == "device" and node["lock_ref"] == 0
