@@ -240,6 +240,12 @@ class EngineConfig:
     timeline_file: str | None = _opt(None, "append a JSON-lines timeline here: one line per forward (what it "
                                      "ran, how long) and per finished request (queued, scheduled, first token, "
                                      "finished), to see where time to first token goes (default: off)")
+    record_trace: str | None = _opt(None, "write every request served here, in the Mooncake trace format "
+                                    "(timestamps, lengths and prefix-block hash ids, no text), for "
+                                    "`radixkv plan` and trace replays; the file is overwritten (default: off)")
+    record_trace_block_size: int = _opt(512, "tokens per hash id in a --record-trace trace (Mooncake's "
+                                        "traces use 512; a plan's page size should be a multiple of it, "
+                                        "or equal)")
     kv_events_config: str | None = _opt(None, "publish KV cache events (pages stored, removed, cleared, per "
                                         "tier) for KV-aware routers, in the JSON SGLang and vLLM take: "
                                         "'{\"publisher\": \"zmq\", \"endpoint\": \"tcp://*:5557\", \"topic\": "
@@ -314,6 +320,9 @@ class EngineConfig:
         check(self.host_write_policy in ("write-back", "write-through"), "host_write_policy",
               "must be write-back or write-through")
         self._check_storage(check)
+        check(isinstance(self.record_trace_block_size, int) and self.record_trace_block_size >= 1,
+              "record_trace_block_size", "must be a positive integer")
+        check(self.record_trace is None or bool(str(self.record_trace).strip()), "record_trace", "must name a file")
         check(self.starvation_limit >= 1, "starvation_limit", "must be >= 1")
         check(self.retract_decode_steps >= 1, "retract_decode_steps", "must be >= 1")
         check(self.log_level in LOG_LEVELS, "log_level", f"must be one of {LOG_LEVELS}")

@@ -44,6 +44,7 @@ from radixkv.sched.speculative import DraftLength, make_proposer
 from radixkv.sched.stats import SchedulerStats
 from radixkv.sched.stop import Decoder
 from radixkv.sched.timeline import open_timeline
+from radixkv.sched.trace_recorder import open_recorder
 from radixkv.tp.launch import load_runner
 from radixkv.validation import RequestLimits, check_request
 
@@ -93,6 +94,7 @@ class Scheduler:
                                   decoder, runner.model_config.vocab_size, self.stats)
         self._grammars = None  # GrammarService, started by the first constrained request
         self.timeline = open_timeline(config.timeline_file)
+        self.recorder = open_recorder(config.record_trace, config.record_trace_block_size)
         self.kv_events = self._kv_event_publisher(config)
 
     def _explain(self, req: Req) -> dict[str, int]:
@@ -174,11 +176,17 @@ class Scheduler:
             if known is None:
                 grammars.submit(spec)
                 self.grammar_waiting.setdefault(spec, []).append(req)
-                self.reqs[req.rid] = req
+                self._accept(req)
                 return
             req.grammar = grammars.matcher(known)
-        self.reqs[req.rid] = req
+        self._accept(req)
         self._queue(req)
+
+    def _accept(self, req: Req) -> None:
+        """`req` passed its checks: it is the scheduler's until `_finish`."""
+        self.reqs[req.rid] = req
+        if self.recorder is not None:
+            self.recorder.arrived(req)
 
     def _queue(self, req: Req) -> None:
         if req.params.seed is not None:
@@ -337,6 +345,8 @@ class Scheduler:
         del self.reqs[req.rid]
         if self.timeline is not None:
             self.timeline.finished(req)
+        if self.recorder is not None:
+            self.recorder.finished(req)
 
     # -- cache control, checks and stats ---------------------------------------------------------
     def publish_kv_events(self) -> None:
@@ -398,6 +408,8 @@ class Scheduler:
             self._grammars.close()
         if self.timeline is not None:
             self.timeline.close()
+        if self.recorder is not None:
+            self.recorder.close()
         if hasattr(self.proposer, "close"):
             self.proposer.close()
         self.runner.close()
