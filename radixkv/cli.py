@@ -4,6 +4,7 @@
     radixkv generate "What is the capital of France?"     # one answer, streamed
     radixkv chat                                           # terminal chat, cached tokens per turn
     radixkv kv-size default --dtype all --memory 24GiB     # what the KV cache of a model costs
+    radixkv plan mooncake --target-hit-rate 0.3            # KV memory a traced workload needs
     radixkv serve --help                                   # every flag, explained
 """
 
@@ -133,6 +134,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_sampling_flags(chat)
     add_engine_flags(chat)
     add_kv_size_parser(sub)
+    from radixkv.plan_cli import add_plan_parser
+
+    add_plan_parser(sub, _flag_type, _positive_int, _kv_dtypes)
 
     rtr = sub.add_parser(
         "router", help="route requests over several `radixkv serve` workers, by cached prefix",
@@ -355,6 +359,12 @@ def run_kv_size(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_plan(args: argparse.Namespace) -> int:
+    from radixkv.plan_cli import run_plan as plan
+
+    return plan(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -366,7 +376,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return {"generate": run_generate, "chat": run_chat, "serve": run_serve,
-                "kv-size": run_kv_size, "router": run_router}[args.command](args)
+                "kv-size": run_kv_size, "router": run_router, "plan": run_plan}[args.command](args)
     except (ConfigError, ModelLoadError, InvalidRequestError) as e:
         print(f"radixkv: error: {e}", file=sys.stderr)
         return 2
