@@ -1,4 +1,4 @@
-"""Control and introspection: GET /health, /server_info, /metrics, /cache_tree; POST /flush_cache."""
+"""Control and introspection: GET /health, /server_info, /metrics, /cache_tree, /dashboard; POST /flush_cache."""
 
 from __future__ import annotations
 
@@ -6,10 +6,11 @@ import os
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import Response
+from fastapi.responses import HTMLResponse, Response
 
 from radixkv.errors import RadixKVError
 from radixkv.ipc.messages import CACHE_TREE_MAX_NODES as MAX_NODES
+from radixkv.server.dashboard_page import PAGE as DASHBOARD
 from radixkv.server.http_common import HTTPError, error_response
 from radixkv.server.tokenizer_manager import TokenizerManager
 from radixkv.version import __version__
@@ -87,6 +88,15 @@ async def cache_tree(request: Request, limit: int = 200):
         node["preview"] = manager.tokenizer.decode(node.pop("preview_ids"))
     return {"nodes": nodes, "total_nodes": tree["total_nodes"], "total_tokens": tree["total_tokens"],
             "page_size": manager.info["page_size"]}
+
+
+@router.get("/dashboard")
+async def dashboard() -> HTMLResponse:
+    """The live cache dashboard (`radixkv.server.dashboard_page`): a static page, open without a
+    key (it holds no data); its script reads the JSON endpoints with the key from `#key=`."""
+    return HTMLResponse(DASHBOARD, headers={"Cache-Control": "no-store",
+                                            "Content-Security-Policy": "default-src 'self'; script-src 'unsafe-inline'; "
+                                                                       "style-src 'unsafe-inline'; img-src data:"})
 
 
 @router.get("/metrics")

@@ -7,7 +7,7 @@ document that describes the request bodies the routes really take.
 | `openai_api.py` | GET /v1/models; POST /v1/chat/completions, /v1/completions |
 | `responses_api.py` | POST /v1/responses; GET, DELETE /v1/responses/{id} |
 | `anthropic_api.py` | POST /v1/messages, /v1/messages/count_tokens |
-| `admin_api.py` | GET /health, /server_info, /metrics; POST /flush_cache |
+| `admin_api.py` | GET /health, /server_info, /metrics, /cache_tree, /dashboard; POST /flush_cache |
 
 Every error is `{"error": {"message", "type", "code"}}` with a 4xx/5xx status
 (`http_common.error_of` maps the core's typed errors), except on Anthropic's Messages API,
@@ -49,12 +49,12 @@ from radixkv.version import __version__
 
 __all__ = ["DEFAULT_MAX_BODY_BYTES", "ServerSettings", "create_app"]
 logger = logging.getLogger(__name__)
-OPEN_PATHS = ("/health",)
+OPEN_PATHS = ("/health", "/dashboard")  # no key: liveness, and a page without data (its script sends the key)
 
 
 class ApiKeyMiddleware:
     """401 unless `Authorization: Bearer <key>` or `x-api-key: <key>` (Anthropic's header) names
-    one of the keys (every path but /health).
+    one of the keys (every path but `OPEN_PATHS`).
 
     Keys are compared in constant time, all of them every time, against both headers; the key
     that matched is the request's principal (`http_common.principal`)."""
