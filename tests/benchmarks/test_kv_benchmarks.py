@@ -72,3 +72,36 @@ def test_storage_tier_benchmark_refuses_bad_settings_and_measures_the_disk(tmp_p
     disk = storage_tier.disk_bandwidth(tmp_path, 4)
     assert min(disk["write_gbs"], disk["read_cold_gbs"], disk["read_warm_gbs"]) > 0
     assert not list(tmp_path.iterdir())  # its file is gone
+
+
+def test_memory_efficiency_measures_paging_and_sharing_and_refuses_bad_settings(tmp_path):
+    out = tmp_path / "m.json"
+    trace = tmp_path / "t.jsonl"
+    lines = (BENCH / "data" / "mooncake_conversation_trace.jsonl").read_text().splitlines()[:400]
+    trace.write_text("\n".join(lines) + "\n")
+    proc = script("memory_efficiency.py", "--skip-engine", "--trace", str(trace), "--budget", "2GiB",
+                  "--windows", "4", "--concurrency", "1,16", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    rows = result["allocation"]["rows"]
+    assert rows["static"]["max_len"] == result["allocation"]["max_request_tokens"]
+    assert rows["paged-1"]["utilisation"] == 1.0 > rows["paged-128"]["utilisation"] > rows["static"]["utilisation"]
+    assert rows["paged-16"]["mean_concurrent_requests"] > rows["static"]["mean_concurrent_requests"]
+    one, sixteen = result["sharing"]["rows"]
+    assert one["saved"] == 0 and one["pages_shared"] == one["pages_unshared"] == (1024 + 512) // 16
+    assert sixteen["pages_shared"] == 1024 // 16 + 16 * 512 // 16  # the system prompt's pages once
+    assert out.with_suffix(".png").stat().st_size > 10_000
+    for bad in (["--page-sizes", "0"], ["--budget", "lots"], ["--formats", "fp7"]):
+        proc = script("memory_efficiency.py", "--skip-engine", *bad)
+        assert proc.returncode == 2 and (bad[0] in proc.stderr or bad[1] in proc.stderr), proc.stderr
+
+
+@pytest.mark.slow  # 20 s of engine runs; the formats' pools and quality run in CI in tests/model
+def test_memory_efficiency_runs_more_requests_at_once_in_smaller_formats(tmp_path):
+    out = tmp_path / "m.json"
+    proc = script("memory_efficiency.py", "--formats", "auto,int4", "--requests", "24", "--new-tokens", "4",
+                  "--windows", "2", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    auto, int4 = json.loads(out.read_text())["formats"]["rows"]
+    assert int4["pool_tokens"] > 4 * auto["pool_tokens"]
+    assert int4["max_running_requests"] == 24 > auto["max_running_requests"]
