@@ -85,13 +85,17 @@ def namespace_root(namespace: Any) -> int:
 def chain_hashes(parent: int, token_ids: Iterable[int], page_size: int) -> list[int]:
     """One hash per page of `token_ids` (a whole number of pages), continuing the chain from
     `parent` (a page's hash, or a namespace's root): H(parent, the page's tokens) each."""
-    tokens = list(token_ids)
-    out = []
+    return list(iter_chain_hashes(parent, token_ids, page_size))
+
+
+def iter_chain_hashes(parent: int, token_ids: Iterable[int], page_size: int) -> Iterator[int]:
+    """`chain_hashes`, computed page by page as they are read (a reader that stops early, as
+    the miss causes' ghost lookup does, hashes no further)."""
+    tokens = token_ids if isinstance(token_ids, (list, tuple)) else list(token_ids)
     pack = struct.Struct(f"<Q{page_size}q").pack
     for start in range(0, len(tokens), page_size):
         parent = _hash63(pack(parent, *tokens[start:start + page_size]))
-        out.append(parent)
-    return out
+        yield parent
 
 
 def _hash63(data: bytes) -> int:

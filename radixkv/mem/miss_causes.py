@@ -26,7 +26,7 @@ from collections.abc import Callable, Hashable, Iterable, Sequence
 from itertools import repeat
 from typing import Any
 
-from radixkv.mem.cache_events import chain_hashes, namespace_root, node_hashes
+from radixkv.mem.cache_events import iter_chain_hashes, namespace_root, node_hashes
 
 CAUSES = ("device", "host", "storage", "page_tail", "evicted", "namespace", "retokenized", "new")
 MISSES = ("page_tail", "evicted", "namespace", "retokenized", "new")
@@ -82,7 +82,7 @@ def explain(cache: Any, prompt: Sequence[int], namespace: Any, device: int, host
             whole = (len(key) - at) // size * size
             stored = getattr(cache, "storage_chain", None)  # the same pages' storage keys
             skeys = stored(key, at, namespace) if stored is not None else repeat(None)
-            for h, k in zip(chain_hashes(prev, key[at:at + whole], size), skeys):
+            for h, k in zip(iter_chain_hashes(prev, key[at:at + whole], size), skeys):
                 if h not in ghosts and k not in ghosts:
                     break
                 at += size

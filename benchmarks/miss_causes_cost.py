@@ -1,0 +1,77 @@
+"""What miss attribution costs per admission, against the lookup every admission does anyway.
+
+Replays the vendored Mooncake trace through the real cache (as `radixkv.workloads.replay`
+does), with the ghost index on, and times for every request, side by side: the prefix lookup
+(`peek`), and `explain` (the causes of `radixkv.mem.miss_causes`, evicted pages looked up in
+the ghost index, other namespaces, page tails). `retokenized` needs a tokenizer and is timed on
+the real engine elsewhere; the trace's tokens are synthetic. Prints and saves mean and p99 per
+request, and the ratio.
+
+    python benchmarks/miss_causes_cost.py
+    python benchmarks/miss_causes_cost.py --limit 3000 --capacity-tokens 2000000 --page-size 16
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from _report import RESULTS, machine, save_json
+
+TRACE = Path(__file__).resolve().parent / "data" / "mooncake_conversation_trace.jsonl"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--trace", type=Path, default=TRACE)
+    p.add_argument("--limit", type=int, default=4000, help="requests replayed (default 4000)")
+    p.add_argument("--capacity-tokens", type=int, default=1_000_000, help="device cache (default 1,000,000)")
+    p.add_argument("--page-size", type=int, default=16, help="(default 16)")
+    p.add_argument("--json", type=Path, default=RESULTS / "miss_causes_cost.json")
+    args = p.parse_args(argv)
+    if args.limit < 1 or args.capacity_tokens < args.page_size or args.page_size < 1:
+        p.error("--limit >= 1, --page-size >= 1, --capacity-tokens >= one page")
+    from radixkv.mem.miss_causes import GhostIndex, explain
+    from radixkv.workloads.replay import build_cache
+    from radixkv.workloads.trace import expand_tokens, load_trace
+
+    trace = load_trace(args.trace, limit=args.limit)
+    cache, _ = build_cache("lru", args.capacity_tokens, args.page_size, trace)
+    cache.ghosts = GhostIndex()
+    peek_s, explain_s, totals = [], [], {}
+    for req in trace:
+        key = expand_tokens(req)
+        t0 = time.perf_counter()
+        match = cache.peek(key)
+        t1 = time.perf_counter()
+        causes = explain(cache, key, None, match.num_tokens)
+        t2 = time.perf_counter()
+        peek_s.append(t1 - t0)
+        explain_s.append(t2 - t1)
+        for k, v in causes.items():
+            totals[k] = totals.get(k, 0) + v
+        cache.serve_and_cache(key, cache.match_prefix(key))
+
+    def summary(xs):
+        xs = sorted(xs)
+        return {"mean_us": 1e6 * statistics.fmean(xs), "p99_us": 1e6 * xs[int(0.99 * (len(xs) - 1))]}
+
+    result = {"machine": machine(), "requests": len(trace), "page_size": args.page_size,
+              "capacity_tokens": args.capacity_tokens, "mean_prompt_tokens": statistics.fmean(r.input_length for r in trace),
+              "peek": summary(peek_s), "explain": summary(explain_s),
+              "explain_over_peek": statistics.fmean(explain_s) / statistics.fmean(peek_s),
+              "ghost_pages": len(cache.ghosts), "causes": totals}
+    print(f"{len(trace)} requests (mean {result['mean_prompt_tokens']:,.0f} prompt tokens), page {args.page_size}, "
+          f"{args.capacity_tokens:,}-token cache, {len(cache.ghosts):,} ghost pages at the end")
+    for name in ("peek", "explain"):
+        print(f"  {name:8s} mean {result[name]['mean_us']:8.1f} us   p99 {result[name]['p99_us']:8.1f} us")
+    print(f"  explain / peek: {result['explain_over_peek']:.2f}x;  causes: {totals}")
+    save_json(args.json, result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
