@@ -7,6 +7,11 @@ import torch
 # kernels are decorated, so it must be set before any test module imports them.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+# Engines and servers the tests start run eager unless a test asks for the compiled forward
+# (`compile="on"`/`"auto"`, `start_server(compiled=True)`): compiling costs about 9 s a start on
+# CPU, and the compiled path has tests of its own (tests/model/test_compiled.py, the
+# architectures in test_tiny_models, the session server). Read when radixkv.config is imported.
+os.environ.setdefault("RADIXKV_COMPILE", "off")
 
 
 @pytest.fixture(scope="session")

