@@ -313,7 +313,7 @@ def main(argv=None) -> int:
 
         source = resolve_model_dir(None)
     geometry = kv_size.read_kv_geometry(source)
-    result = {"machine": machine(), "model": geometry.source,
+    result = {**machine(), "model": geometry.source,
               "allocation": part_allocation(args, geometry.size(args.kv_dtype).bytes_per_token),
               "sharing": part_sharing(args)}
     if not args.skip_engine:

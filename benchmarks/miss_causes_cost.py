@@ -59,7 +59,7 @@ def main(argv=None) -> int:
         xs = sorted(xs)
         return {"mean_us": 1e6 * statistics.fmean(xs), "p99_us": 1e6 * xs[int(0.99 * (len(xs) - 1))]}
 
-    result = {"machine": machine(), "requests": len(trace), "page_size": args.page_size,
+    result = {**machine(), "requests": len(trace), "page_size": args.page_size,
               "capacity_tokens": args.capacity_tokens, "mean_prompt_tokens": statistics.fmean(r.input_length for r in trace),
               "peek": summary(peek_s), "explain": summary(explain_s),
               "explain_over_peek": statistics.fmean(explain_s) / statistics.fmean(peek_s),

@@ -40,6 +40,10 @@ SCRIPTS = [  # (script, arguments, what it measures)
     ("constrained.py", [], "constrained decoding: mask cost, jump-forward"),
     ("routing_replay.py", [], "routing policies over replicas on the Mooncake trace"),
     ("tensor_parallel.py", [], "tensor parallelism: greedy equality, all-reduce cost"),
+    ("memory_efficiency.py", [], "paged vs static KV slots, shared-prefix savings, KV formats under one byte budget"),
+    ("miss_causes_cost.py", [], "miss attribution per admission vs the prefix lookup"),
+    ("-m radixkv plan mooncake --target-hit-rate 0.2 0.3 --no-progress --json results/plan.json "
+     "--plot results/plan.png", [], "capacity planner on the Mooncake trace"),
 ]
 
 
@@ -286,6 +290,56 @@ def tensor_parallel_table() -> str | None:
                   f"(hidden 1024, 16 heads, 4 KV heads). `python benchmarks/tensor_parallel.py`, {when(d)}.\n")
 
 
+def plan_table() -> str | None:
+    d = load("plan.json")
+    if not d:
+        return None
+    dtypes = list(d["bytes_per_token"])
+    knee = d["knee"]["capacity_tokens"] if d["knee"] else None
+    out = ("| capacity (tokens) | " + " | ".join(f"{t} memory" for t in dtypes) + " | hit rate | prefill saved |\n"
+           + "|---" * (len(dtypes) + 3) + "|\n")
+    for p in d["curve"]:
+        mark = " (knee)" if p["capacity_tokens"] == knee else ""
+        out += (f"| {p['capacity_tokens']:,}{mark} | " + " | ".join(f"{p['memory_bytes'][t] / 2**30:,.1f} GiB" for t in dtypes)
+                + f" | {p['hit_rate']:.1%} | {p['prefill_saved']:.1%} |\n")
+    ws = d["working_set"]
+    out += (f"\nWorking set: {ws['capacity_tokens']:,} tokens, hit rate {ws['hit_rate']:.1%} at most. ")
+    for t in d["targets"]:
+        if t["capacity_tokens"] is None:
+            out += f"A {t['hit_rate']:.0%} hit rate is out of reach. "
+        else:
+            mem = ", ".join(f"{t['memory_bytes'][x] / 2**30:,.1f} GiB in {x}" for x in dtypes)
+            out += f"A {t['hit_rate']:.0%} hit rate needs {t['capacity_tokens']:,} tokens ({mem}). "
+    return out + f"`radixkv plan mooncake --target-hit-rate 0.2 0.3`.\n"
+
+
+def memory_table() -> str | None:
+    d = load("memory_efficiency.json")
+    if not d:
+        return None
+    a, s = d["allocation"], d["sharing"]
+    out = ("| layout | utilisation (stored / reserved) | reserved, unused | requests at once (mean, min) |\n"
+           "|---|---|---|---|\n")
+    for name, r in a["rows"].items():
+        label = f"static, {r['max_len']:,} tokens a slot" if name == "static" else f"paged, page {r['page_size']}"
+        out += (f"| {label} | {r['utilisation']:.1%} | {r['fragmentation']:.2%} | "
+                f"{r['mean_concurrent_requests']:.1f}, {r['min_concurrent_requests']} |\n")
+    out += (f"\nShared prefix: one {s['system_tokens']:,}-token system prompt, {s['own_tokens']} tokens of each "
+            f"request's own, page {s['page_size']}:\n\n| requests at once | pages without sharing | with the radix cache "
+            "| saved |\n|---|---|---|---|\n")
+    for r in s["rows"]:
+        out += f"| {r['requests']} | {r['pages_unshared']:,} | {r['pages_shared']:,} | {r['saved']:.1%} |\n"
+    f = d.get("formats")
+    if f:
+        out += (f"\nKV formats in {f['budget_bytes'] / 2**20:.0f} MiB, {f['requests']} requests at once, "
+                f"{f['new_tokens']} tokens each:\n\n| format | bytes / token | pool tokens | running at once | "
+                "output tokens/s |\n|---|---|---|---|---|\n")
+        for r in f["rows"]:
+            out += (f"| {r['format']} | {r['bytes_per_token']:,} | {r['pool_tokens']:,} | {r['max_running_requests']} | "
+                    f"{r['output_tokens_per_second']:.1f} |\n")
+    return out + f"\n`python benchmarks/memory_efficiency.py`, {when(d)}.\n"
+
+
 def rewrite_section(name: str, text: str | None) -> None:
     """Replace what is between `<!-- name:begin -->` and `<!-- name:end -->` in README.md."""
     begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
@@ -314,7 +368,8 @@ def main(argv=None) -> int:
                 continue
             print(f"\n=== {script}: {what}", flush=True)
             start = time.perf_counter()
-            code = subprocess.run([sys.executable, str(HERE / script), *extra], cwd=HERE).returncode
+            argv = script.split() if script.startswith("-m ") else [str(HERE / script)]
+            code = subprocess.run([sys.executable, *argv, *extra], cwd=HERE).returncode
             print(f"=== {script}: exit {code} after {time.perf_counter() - start:.0f} s", flush=True)
     text = table()
     RESULTS.mkdir(exist_ok=True)
@@ -326,6 +381,8 @@ def main(argv=None) -> int:
     rewrite_section("storage-tier", storage_tier_table())
     rewrite_section("constrained", constrained_table())
     rewrite_section("tensor-parallel", tensor_parallel_table())
+    rewrite_section("plan", plan_table())
+    rewrite_section("memory-efficiency", memory_table())
     return 0
 
 

@@ -92,7 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
     srv = sub.add_parser(
         "serve", help="serve the model over HTTP (native /generate and the OpenAI API)",
         description="Serve the model over HTTP: POST /generate, /v1/chat/completions, /v1/completions; "
-                    "GET /v1/models, /health, /server_info, /metrics; POST /flush_cache, /abort_request. "
+                    "GET /v1/models, /health, /server_info, /metrics, /cache_tree, /dashboard (a live page of the cache); "
+                    "POST /flush_cache, /abort_request. "
                     "Prints one 'radixkv ready: URL' line once the model is loaded; Ctrl-C or SIGTERM "
                     "stops every process it started.")
     srv.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s; "
