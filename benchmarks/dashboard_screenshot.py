@@ -55,8 +55,9 @@ def main(argv=None) -> int:
         p.error(why)
     server = start_radixkv("--max-total-tokens", str(args.max_total_tokens), "--page-size", "16",
                            "--host-kv-size", "2048")
-    browser = open_browser(1280, 1120)
+    browser = None
     try:
+        browser = open_browser(1280, 1120)
         browser.get(f"{server.url}/dashboard?interval=0.5")  # open first: it draws the workload as it runs
         with httpx.Client(base_url=server.url, timeout=120) as client:
             for i, turns in enumerate(QUESTIONS):
@@ -71,7 +72,8 @@ def main(argv=None) -> int:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         browser.save_screenshot(str(args.out))
     finally:
-        browser.quit()
+        if browser is not None:
+            browser.quit()
         server.stop()
     print(f"saved {args.out}")
     return 0

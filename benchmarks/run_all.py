@@ -42,9 +42,10 @@ SCRIPTS = [  # (script, arguments, what it measures)
     ("tensor_parallel.py", [], "tensor parallelism: greedy equality, all-reduce cost"),
     ("memory_efficiency.py", [], "paged vs static KV slots, shared-prefix savings, KV formats under one byte budget"),
     ("miss_causes_cost.py", [], "miss attribution per admission vs the prefix lookup"),
-    ("-m radixkv plan mooncake --target-hit-rate 0.2 0.3 --no-progress --json results/plan.json "
-     "--plot results/plan.png", [], "capacity planner on the Mooncake trace"),
+    ("plan", [], "capacity planner on the Mooncake trace (`radixkv plan`)"),
 ]
+PLAN = ["-m", "radixkv", "plan", str(HERE / "data" / "mooncake_conversation_trace.jsonl"), "--target-hit-rate", "0.2",
+        "0.3", "--no-progress", "--json", str(RESULTS / "plan.json"), "--plot", str(RESULTS / "plan.png")]
 
 
 def parse_args(argv):
@@ -368,7 +369,7 @@ def main(argv=None) -> int:
                 continue
             print(f"\n=== {script}: {what}", flush=True)
             start = time.perf_counter()
-            argv = script.split() if script.startswith("-m ") else [str(HERE / script)]
+            argv = PLAN if script == "plan" else [str(HERE / script)]
             code = subprocess.run([sys.executable, *argv, *extra], cwd=HERE).returncode
             print(f"=== {script}: exit {code} after {time.perf_counter() - start:.0f} s", flush=True)
     text = table()

@@ -10,6 +10,7 @@ import json
 import math
 import os
 from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -243,9 +244,9 @@ class EngineConfig:
     record_trace: str | None = _opt(None, "write every request served here, in the Mooncake trace format "
                                     "(timestamps, lengths and prefix-block hash ids, no text), for "
                                     "`radixkv plan` and trace replays; the file is overwritten (default: off)")
-    record_trace_block_size: int = _opt(512, "tokens per hash id in a --record-trace trace (Mooncake's "
-                                        "traces use 512; a plan's page size should be a multiple of it, "
-                                        "or equal)")
+    record_trace_block_size: int = _opt(16, "tokens per hash id in a --record-trace trace: sharing finer "
+                                        "than a block is not seen by a replay, so keep it at most the page "
+                                        "size you plan for (Mooncake's own traces use 512)")
     kv_events_config: str | None = _opt(None, "publish KV cache events (pages stored, removed, cleared, per "
                                         "tier) for KV-aware routers, in the JSON SGLang and vLLM take: "
                                         "'{\"publisher\": \"zmq\", \"endpoint\": \"tcp://*:5557\", \"topic\": "
@@ -323,6 +324,10 @@ class EngineConfig:
         check(isinstance(self.record_trace_block_size, int) and self.record_trace_block_size >= 1,
               "record_trace_block_size", "must be a positive integer")
         check(self.record_trace is None or bool(str(self.record_trace).strip()), "record_trace", "must name a file")
+        if self.record_trace is not None:  # (found before the model loads, not after)
+            parent = Path(self.record_trace).expanduser().resolve().parent
+            check(parent.is_dir() and os.access(parent, os.W_OK), "record_trace",
+                  f"cannot write there: {parent} is not a writable directory")
         check(self.starvation_limit >= 1, "starvation_limit", "must be >= 1")
         check(self.retract_decode_steps >= 1, "retract_decode_steps", "must be >= 1")
         check(self.log_level in LOG_LEVELS, "log_level", f"must be one of {LOG_LEVELS}")

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import logging
 import sys
+from pathlib import Path
 from urllib.parse import urlparse
 
 from radixkv.errors import RadixKVError
@@ -64,17 +65,39 @@ MAX_DP = 16
 WORKER_READY_TIMEOUT = 600
 
 
-def _worker_argv(argv: list[str], port: int, kv_events: str | None = None) -> list[str]:
+PER_WORKER_FILES = ("--record-trace",)
+"""File flags each worker gets its own copy of (`worker_file`): N workers would clobber one."""
+
+
+def worker_file(path: str, rank: int) -> str:
+    """Worker `rank`'s copy of a file flag's path: `served.jsonl` -> `served.worker0.jsonl`."""
+    p = Path(path)
+    return str(p.with_name(f"{p.stem}.worker{rank}{p.suffix}"))
+
+
+def _worker_argv(argv: list[str], port: int, kv_events: str | None = None, rank: int = 0) -> list[str]:
     """The `serve` command line without --dp/--port/--host/--router (and --kv-events-config,
-    given per worker as `kv_events`), for a worker on 127.0.0.1:`port`."""
-    out, skip = [], False
+    given per worker as `kv_events`), for worker `rank` on 127.0.0.1:`port`; the paths of
+    `PER_WORKER_FILES` flags become the worker's own (`worker_file`)."""
+    out, skip, own = [], False, False
     for i, a in enumerate(argv):
         if skip:
             skip = False
             continue
-        name = a.split("=", 1)[0]
+        if own:
+            out.append(worker_file(a, rank))
+            own = False
+            continue
+        name, eq, value = a.partition("=")
         if name in ("--dp", "--port", "--host", "--router", "--kv-events-config"):
-            skip = "=" not in a
+            skip = not eq
+            continue
+        if name in PER_WORKER_FILES:
+            if eq:
+                out.append(f"{name}={worker_file(value, rank)}")
+            else:
+                out.append(a)
+                own = True
             continue
         out.append(a)
     events = ["--kv-events-config", kv_events] if kv_events is not None else []
@@ -198,7 +221,7 @@ def serve_data_parallel(args: argparse.Namespace) -> int:
     previous = signal.signal(signal.SIGTERM, interrupt)  # while workers load; uvicorn takes over after
     try:
         for i in range(args.dp):
-            cmd = _worker_argv(args.argv, args.port + 1 + i, kv_events[i])
+            cmd = _worker_argv(args.argv, args.port + 1 + i, kv_events[i], rank=i)
             proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
             procs.append(proc)

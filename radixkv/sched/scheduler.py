@@ -394,7 +394,13 @@ class Scheduler:
 
     def close(self) -> None:
         """Stop the grammar compiler, the KV event publisher (after its last batch), the storage
-        tier's threads (after its writes in flight) and the other tensor-parallel ranks, if any."""
+        tier's threads (after its writes in flight) and the other tensor-parallel ranks, if any.
+        The recorded trace and the timeline are written first: a slow storage flush must not
+        lose them to a process killed while it waits."""
+        if self.recorder is not None:
+            self.recorder.close()
+        if self.timeline is not None:
+            self.timeline.close()
         storage = getattr(self.cache, "storage", None)
         if storage is not None:
             pages = self.cache.persist()  # what the device and host tiers hold survives the restart
@@ -406,10 +412,6 @@ class Scheduler:
             self.kv_events.close()
         if self._grammars is not None:
             self._grammars.close()
-        if self.timeline is not None:
-            self.timeline.close()
-        if self.recorder is not None:
-            self.recorder.close()
         if hasattr(self.proposer, "close"):
             self.proposer.close()
         self.runner.close()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from array import array
 import os
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -40,31 +41,33 @@ class TraceRecorder:
         self._key = os.urandom(32)
         self._file: IO[str] | None = self.path.open("w", buffering=1)
         self._start: float | None = None
-        self._pending: OrderedDict[str, dict[str, Any] | None] = OrderedDict()  # rid -> its line, once finished
-        self._reqs: dict[str, Req] = {}
+        # by the request object's id (a rid may be reused once its request finished): its line, once finished
+        self._pending: OrderedDict[int, dict[str, Any] | None] = OrderedDict()
+        self._reqs: dict[int, Req] = {}
         self.written = 0
 
     def hash_ids(self, ids: Sequence[int], namespace: Any) -> list[int]:
         """The prefix-block ids of a prompt (see the module docstring)."""
         prev = hashlib.blake2b(repr(namespace).encode(), key=self._key, digest_size=16).digest()
+        data = array("q", ids).tobytes()  # (8 bytes a token, packed in C: a 100k-token prompt in about 1 ms)
+        step = 8 * self.block_size
         out = []
-        for start in range(0, len(ids), self.block_size):
-            block = b"".join(int(t).to_bytes(4, "little", signed=True) for t in ids[start:start + self.block_size])
-            prev = hashlib.blake2b(prev + block, key=self._key, digest_size=16).digest()
+        for start in range(0, len(data), step):
+            prev = hashlib.blake2b(prev + data[start:start + step], key=self._key, digest_size=16).digest()
             out.append(int.from_bytes(prev[:8], "little") & _MASK)
         return out
 
     def arrived(self, req: Req) -> None:
         if self._start is None:
             self._start = req.arrival_time
-        self._pending[req.rid] = None
-        self._reqs[req.rid] = req
+        self._pending[id(req)] = None
+        self._reqs[id(req)] = req
 
     def finished(self, req: Req) -> None:
-        if req.rid not in self._pending:
+        if self._reqs.get(id(req)) is not req:
             return
-        self._pending[req.rid] = self._line(req)
-        del self._reqs[req.rid]
+        self._pending[id(req)] = self._line(req)
+        del self._reqs[id(req)]
         while self._pending and next(iter(self._pending.values())) is not None:
             self._write(self._pending.popitem(last=False)[1])
 
@@ -80,8 +83,8 @@ class TraceRecorder:
 
     def close(self) -> None:
         """Write the requests still pending (with what they generated so far) and close."""
-        for rid, line in self._pending.items():
-            self._write(line if line is not None else self._line(self._reqs[rid]))
+        for key, line in self._pending.items():
+            self._write(line if line is not None else self._line(self._reqs[key]))
         self._pending.clear()
         self._reqs.clear()
         if self._file is not None:

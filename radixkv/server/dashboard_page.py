@@ -9,8 +9,10 @@ offline), drawn by its own script from the server's JSON endpoints, refreshing l
 - prompt tokens by why they hit or missed (`cache_causes`, see `radixkv.mem.miss_causes`).
 
 With `--api-key`, give the key in the address's fragment, which the browser never sends to the
-server: `/dashboard#key=KEY`. `?interval=SECONDS` sets the refresh (default 2), `?nodes=N` how
-many nodes the tree draws (default 400). Every element a test reads has an id or a `data-` field.
+server: `/dashboard#key=KEY` (the script moves it to the tab's session storage and out of the
+address bar). `?interval=SECONDS` sets the pause between refreshes (default 2; each starts once
+the last is done), `?nodes=N` how many nodes the tree draws (default 400); a bad value is the
+default. Every element a test reads has an id or a `data-` field.
 """
 
 PAGE = r"""<!doctype html>
@@ -80,14 +82,22 @@ PAGE = r"""<!doctype html>
 <script>
 "use strict";
 const params = new URLSearchParams(location.search);
-const KEY = new URLSearchParams(location.hash.slice(1)).get("key");
-const INTERVAL = Math.max(0.2, parseFloat(params.get("interval") || "2")) * 1000;
-const NODES = Math.min(2000, Math.max(1, parseInt(params.get("nodes") || "400", 10)));
+function setting(name, fallback, low, high) {  // a bad value falls back to the default
+  const v = parseFloat(params.get(name));
+  return Number.isFinite(v) ? Math.min(high, Math.max(low, v)) : fallback;
+}
+// The key comes in the fragment (never sent to the server); it moves to this tab's session
+// storage and out of the address bar, so it is not left in history or bookmarks.
+const given = new URLSearchParams(location.hash.slice(1)).get("key");
+if (given) { sessionStorage.setItem("radixkv-key", given); window.history.replaceState(null, "", location.pathname + location.search); }
+const KEY = given || sessionStorage.getItem("radixkv-key");
+const INTERVAL = setting("interval", 2, 0.2, 3600) * 1000;
+const NODES = Math.round(setting("nodes", 400, 1, 2000));
 const NS = "http://www.w3.org/2000/svg";
 const CAUSES = ["device", "host", "storage", "page_tail", "evicted", "namespace", "retokenized", "new"];
 const CAUSE_COLOURS = {device: "#2f6fde", host: "#5aa0f0", storage: "#9cc5f5", page_tail: "#f0b429",
                        evicted: "#e8590c", namespace: "#9c36b5", retokenized: "#c2255c", new: "#adb5bd"};
-const history = [];  // {t, rate, total}
+const series = [];  // the hit rate at each refresh: {t, rate, total}
 let previous = null, refreshes = 0;
 
 function el(tag, attrs, parent) {
@@ -174,11 +184,11 @@ function drawHits() {
     el("line", {x1: pad, x2: W - 4, y1: H - pad - y * (H - 2 * pad), y2: H - pad - y * (H - 2 * pad), stroke: "#eceff4"}, svg);
     el("text", {class: "axis", x: 2, y: H - pad - y * (H - 2 * pad) + 3}, svg).textContent = (100 * y) + "%";
   }
-  if (history.length < 1) return;
-  const t0 = history[0].t, t1 = Math.max(history[history.length - 1].t, t0 + 1);
+  if (series.length < 1) return;
+  const t0 = series[0].t, t1 = Math.max(series[series.length - 1].t, t0 + 1);
   const X = t => pad + (W - pad - 4) * (t - t0) / (t1 - t0), Y = r => H - pad - r * (H - 2 * pad);
   const line = (key, dash) => el("polyline", {fill: "none", stroke: "#2f6fde", "stroke-width": 2,
-    "stroke-dasharray": dash, points: history.filter(h => h[key] !== null).map(h => X(h.t) + "," + Y(h[key])).join(" ")}, svg);
+    "stroke-dasharray": dash, points: series.filter(h => h[key] !== null).map(h => X(h.t) + "," + Y(h[key])).join(" ")}, svg);
   line("rate", ""); line("total", "4 3");
   el("text", {class: "axis", x: pad, y: H - 6}, svg).textContent = "last " + Math.round((t1 - t0) / 1000) + " s";
 }
@@ -218,9 +228,9 @@ async function refresh() {
     const s = info.stats, now = Date.now();
     const cur = {prompt: s.prompt_tokens, cached: s.cached_prompt_tokens};
     const d = previous ? cur.prompt - previous.prompt : 0;
-    history.push({t: now, rate: previous && d > 0 ? (cur.cached - previous.cached) / d : null,
+    series.push({t: now, rate: previous && d > 0 ? (cur.cached - previous.cached) / d : null,
                   total: cur.prompt ? cur.cached / cur.prompt : null});
-    while (history.length > 300) history.shift();
+    while (series.length > 300) series.shift();
     previous = cur;
     document.getElementById("model").textContent = info.model_name;
     document.getElementById("hit-rate").textContent = cur.prompt ? pct(cur.cached / cur.prompt) : "–";
@@ -235,8 +245,11 @@ async function refresh() {
     document.getElementById("error").textContent = String(e.message || e);
   }
 }
-refresh();
-setInterval(refresh, INTERVAL);
+async function loop() {  // the next refresh starts once this one is done: never a pile of requests
+  await refresh();
+  setTimeout(loop, INTERVAL);
+}
+loop();
 </script>
 </body>
 </html>

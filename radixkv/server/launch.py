@@ -221,19 +221,21 @@ async def _serve(config: EngineConfig, host: str, port: int, settings) -> int:
     children = Children(config, endpoints)
     manager = None
     try:
-        # The children first: their imports and the model load overlap this process's own (the
-        # HTTP stack, the tokenizer). What they send before the tokenizer manager binds its
-        # socket waits in ZMQ's queue.
+        from radixkv.server.metrics import ServerMetrics
+        from radixkv.server.tokenizer_manager import TokenizerManager
+
+        # The tokenizer manager's socket is bound before the children start (a scheduler that
+        # fails at once must find it), then the children: their imports and the model load
+        # overlap this process's own (the HTTP stack, the tokenizer).
+        metrics = ServerMetrics()
+        manager = TokenizerManager(None, endpoints, on_finished=metrics.observe_finished)
         children.start()
         import uvicorn
 
         from radixkv.server.http_app import create_app
-        from radixkv.server.metrics import ServerMetrics
-        from radixkv.server.tokenizer_manager import TokenizerManager
         from radixkv.tokenizer import Tokenizer
 
-        metrics = ServerMetrics()
-        manager = TokenizerManager(Tokenizer(config.model), endpoints, on_finished=metrics.observe_finished)
+        manager.tokenizer = Tokenizer(config.model)
         manager.start()
         info = await wait_ready(manager, children, shutdown)
         if isinstance(info, int):

@@ -74,7 +74,7 @@ def test_storage_tier_benchmark_refuses_bad_settings_and_measures_the_disk(tmp_p
     assert not list(tmp_path.iterdir())  # its file is gone
 
 
-def test_memory_efficiency_measures_paging_and_sharing_and_refuses_bad_settings(tmp_path):
+def test_memory_efficiency_measures_paging_and_sharing_and_refuses_bad_settings(tmp_path, capsys):
     out = tmp_path / "m.json"
     trace = tmp_path / "t.jsonl"
     lines = (BENCH / "data" / "mooncake_conversation_trace.jsonl").read_text().splitlines()[:400]
@@ -91,9 +91,17 @@ def test_memory_efficiency_measures_paging_and_sharing_and_refuses_bad_settings(
     assert one["saved"] == 0 and one["pages_shared"] == one["pages_unshared"] == (1024 + 512) // 16
     assert sixteen["pages_shared"] == 1024 // 16 + 16 * 512 // 16  # the system prompt's pages once
     assert out.with_suffix(".png").stat().st_size > 10_000
-    for bad in (["--page-sizes", "0"], ["--budget", "lots"], ["--formats", "fp7"]):
-        proc = script("memory_efficiency.py", "--skip-engine", *bad)
-        assert proc.returncode == 2 and (bad[0] in proc.stderr or bad[1] in proc.stderr), proc.stderr
+    sys.path.insert(0, str(BENCH))
+    try:
+        import memory_efficiency  # (its flags checked in this process: no interpreter start per case)
+    finally:
+        sys.path.remove(str(BENCH))
+    for bad in (["--page-sizes", "0"], ["--budget", "lots"], ["--formats", "fp7"], ["--windows", "0"]):
+        with pytest.raises(SystemExit) as exit_:
+            memory_efficiency.parse_args(["--skip-engine", *bad])
+        assert exit_.value.code == 2
+        err = capsys.readouterr().err
+        assert bad[0] in err or bad[1] in err, err
 
 
 @pytest.mark.slow  # 20 s of engine runs; the formats' pools and quality run in CI in tests/model

@@ -84,7 +84,7 @@ def test_a_storage_hit_and_an_eviction_from_the_storage_tier():
         put(cache, key)
     m = cache.peek(A)
     assert (m.num_tokens, m.host_tokens, m.storage_tokens) == (0, 0, 8)
-    assert explain(cache, A, None, 0, 0, 8)["storage"] == 8
+    assert explain(cache, A, None, m.num_tokens, m.host_tokens, m.storage_tokens)["storage"] == 8
     assert len(cache.ghosts) == 0  # every page is still in some tier
     put(cache, list(range(400, 408)))  # storage lets A go for the next prefix written
     assert cache.peek(A).storage_tokens == 0 and storage.counters["evicted_pages"] == 2

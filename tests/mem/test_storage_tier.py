@@ -171,6 +171,20 @@ def load(cache, key):
     return loaded
 
 
+def test_pages_the_disk_tier_evicts_become_ghosts_from_its_writer_thread(tmp_path):
+    from radixkv.mem.miss_causes import GhostIndex, explain
+
+    cache, pool = disk_cache(tmp_path, storage_pages=4)  # one 8-token prefix on disk at a time
+    cache.ghosts = GhostIndex()
+    key = list(range(100, 108))
+    push_to_storage(cache, pool, key)  # key's run is written, then the next runs push it out
+    cache.storage.flush()
+    assert cache.peek(key).storage_tokens == 0 and cache.storage.counters["evicted_pages"] > 0
+    causes = explain(cache, key, None, 0)
+    assert causes["evicted"] == 8 and causes["new"] == 0, causes
+    cache.storage.close()
+
+
 def test_a_prefix_through_host_to_disk_and_back_is_bit_identical(tmp_path):
     cache, pool = disk_cache(tmp_path)
     key = list(range(8))

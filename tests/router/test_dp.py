@@ -53,6 +53,14 @@ def test_each_worker_publishes_kv_events_on_its_own_ports():
     assert argv[3:] == ["radixkv", "serve", "--kv-events-config", per[1].to_json(), "--port", "30001", "--host", "127.0.0.1"]
 
 
+def test_each_worker_records_its_own_trace():
+    from radixkv.router.launch import _worker_argv
+
+    for flag in (["--record-trace", "/tmp/served.jsonl"], ["--record-trace=/tmp/served.jsonl"]):
+        argv = _worker_argv(["serve", "--dp", "2", *flag, "--port", "9"], 30002, rank=1)
+        assert "/tmp/served.worker1.jsonl" in " ".join(argv) and "/tmp/served.jsonl" not in " ".join(argv)
+
+
 def test_router_without_dp_is_refused(run_cli):
     out = run_cli("serve", "--router", "sglang")
     assert out.returncode == 2 and "--dp" in out.stderr

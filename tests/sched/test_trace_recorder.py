@@ -60,6 +60,21 @@ def test_two_recordings_do_not_share_ids(tiny_scheduler, tmp_path):
     assert ids[0] != ids[1]
 
 
+def test_a_rid_used_again_keeps_both_lines(tiny_scheduler, tmp_path):
+    path = tmp_path / "again.jsonl"
+    sched = tiny_scheduler(record_trace=str(path), record_trace_block_size=8, compile="off")
+    sched.add_request(Req("long", SYSTEM, SamplingParams(max_new_tokens=30, temperature=0)))
+    sched.add_request(Req("x", SYSTEM + [1], SamplingParams(max_new_tokens=1, temperature=0)))
+    while "x" in sched.reqs:
+        sched.step()
+    sched.add_request(Req("x", SYSTEM + [2, 3], SamplingParams(max_new_tokens=1, temperature=0)))  # same rid
+    while sched.has_work:
+        sched.step()
+    sched.close()
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [r["input_length"] for r in lines] == [24, 25, 26]
+
+
 def test_bad_recording_settings_name_the_option(tiny_scheduler, tmp_path):
     with pytest.raises(ConfigError, match="record_trace="):
         tiny_scheduler(record_trace=str(tmp_path / "no" / "such" / "dir" / "t.jsonl"), compile="off")

@@ -41,24 +41,32 @@ def test_the_dashboard_draws_a_known_workload_and_follows_new_requests(server, b
         generate(server, SYSTEM + question)
     browser.get(f"{server.url}/dashboard?interval=0.5&nodes=2000#key={API_KEY}")
 
+    # The page redraws every refresh: read what it shows in one script call, never through
+    # element handles a redraw may have replaced.
+    def shown(selector):
+        return browser.execute_script(
+            "return Array.from(document.querySelectorAll(arguments[0])).map(e => Object.assign({}, e.dataset))",
+            selector)
+
     def refreshes():
-        return int(browser.find_element("id", "updated").get_attribute("data-refreshes"))
+        return int(browser.execute_script("return document.getElementById('updated').dataset.refreshes"))
+
+    def text_of(element_id):
+        return browser.execute_script("return document.getElementById(arguments[0]).textContent", element_id)
 
     def nodes_with(text):
-        return [e for e in browser.find_elements("css selector", "rect[data-node-id]")
-                if text in (e.get_attribute("data-preview") or "")]
+        return [n for n in shown("rect[data-node-id]") if text in n.get("preview", "")]
 
     wait_for(lambda: refreshes() >= 1)
-    assert browser.find_element("id", "error").text == ""
+    assert text_of("error") == ""
     shared = wait_for(lambda: nodes_with("beekeeper's almanac"))
-    assert max(int(e.get_attribute("data-hits")) for e in shared) >= 2
-    assert all(e.get_attribute("data-tier") == "device" for e in shared)
-    hit_rate = browser.find_element("id", "hit-rate").text
+    assert max(int(n["hits"]) for n in shared) >= 2
+    assert all(n["tier"] == "device" for n in shared)
+    hit_rate = text_of("hit-rate")
     assert hit_rate.endswith("%") and float(hit_rate[:-1]) > 0
-    device = browser.find_element("css selector", "rect[data-tier='device'][data-used]")
-    assert int(device.get_attribute("data-used")) > 0 and int(device.get_attribute("data-total")) > 0
-    causes = {e.get_attribute("data-cause"): int(e.get_attribute("data-tokens"))
-              for e in browser.find_elements("css selector", "rect[data-cause]")}
+    device = shown("rect[data-tier='device'][data-used]")[0]
+    assert int(device["used"]) > 0 and int(device["total"]) > 0
+    causes = {n["cause"]: int(n["tokens"]) for n in shown("rect[data-cause]")}
     assert causes["device"] > 0 and causes["new"] > 0 and set(causes) >= {"evicted", "page_tail", "retokenized"}
     assert not nodes_with("zebra crossing")
     seen = refreshes()
@@ -67,3 +75,7 @@ def test_the_dashboard_draws_a_known_workload_and_follows_new_requests(server, b
     assert refreshes() > seen
     logs = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
     assert not logs, logs
+    assert "key=" not in browser.current_url  # moved out of the address bar (and history)
+    browser.get(f"{server.url}/dashboard?interval=soon&nodes=many")  # bad settings: the defaults
+    wait_for(lambda: refreshes() >= 1 and nodes_with("zebra crossing"))  # the tab kept its key
+    assert text_of("error") == ""
