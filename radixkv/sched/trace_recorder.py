@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from array import array
 import os
+from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path

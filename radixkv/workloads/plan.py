@@ -140,8 +140,14 @@ class Planner:
         lo = size
         if self.point(lo).hit_rate >= target:
             return self.point(lo)
+        for pages, p in self._points.items():  # the replays already run (the sweep) bracket it closer
+            tokens = pages * size
+            if p.hit_rate >= target and tokens < hi:
+                hi = tokens
+            elif p.hit_rate < target and lo < tokens < hi:
+                lo = tokens
         while hi - lo > max(size, self.config.tolerance * hi):  # lo misses the target, hi reaches it
-            mid = (lo + hi) // 2 // size * size
+            mid = round(math.sqrt(lo * hi)) // size * size  # (halving on a log scale: capacities span decades)
             if mid <= lo:
                 break
             if self.point(mid).hit_rate >= target:
