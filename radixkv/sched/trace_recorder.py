@@ -18,6 +18,7 @@ A line is written once its request finished and every request that arrived befor
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 from array import array
@@ -41,9 +42,14 @@ class TraceRecorder:
         self._key = os.urandom(32)
         self._file: IO[str] | None = self.path.open("w", buffering=1)
         self._start: float | None = None
-        # by the request object's id (a rid may be reused once its request finished): its line, once finished
+        # In arrival order, by a sequence number of our own (a rid may be used again once its
+        # request finished, and so may the id() of a request object that is gone): its line, once
+        # finished. `_live` finds a running request's number (its object is held, in `_reqs`,
+        # until it finishes, so its id() is its own meanwhile).
         self._pending: OrderedDict[int, dict[str, Any] | None] = OrderedDict()
         self._reqs: dict[int, Req] = {}
+        self._live: dict[int, int] = {}  # id(req) -> its number
+        self._numbers = itertools.count()
         self.written = 0
 
     def hash_ids(self, ids: Sequence[int], namespace: Any) -> list[int]:
@@ -60,14 +66,17 @@ class TraceRecorder:
     def arrived(self, req: Req) -> None:
         if self._start is None:
             self._start = req.arrival_time
-        self._pending[id(req)] = None
-        self._reqs[id(req)] = req
+        number = next(self._numbers)
+        self._pending[number] = None
+        self._reqs[number] = req
+        self._live[id(req)] = number
 
     def finished(self, req: Req) -> None:
-        if self._reqs.get(id(req)) is not req:
+        number = self._live.get(id(req))
+        if number is None or self._reqs[number] is not req:
             return
-        self._pending[id(req)] = self._line(req)
-        del self._reqs[id(req)]
+        del self._live[id(req)], self._reqs[number]
+        self._pending[number] = self._line(req)
         while self._pending and next(iter(self._pending.values())) is not None:
             self._write(self._pending.popitem(last=False)[1])
 
@@ -87,6 +96,7 @@ class TraceRecorder:
             self._write(line if line is not None else self._line(self._reqs[key]))
         self._pending.clear()
         self._reqs.clear()
+        self._live.clear()
         if self._file is not None:
             self._file.close()
             self._file = None

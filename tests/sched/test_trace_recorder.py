@@ -60,19 +60,21 @@ def test_two_recordings_do_not_share_ids(tiny_scheduler, tmp_path):
     assert ids[0] != ids[1]
 
 
-def test_a_rid_used_again_keeps_both_lines(tiny_scheduler, tmp_path):
+def test_a_rid_used_again_keeps_every_line(tiny_scheduler, tmp_path):
+    """Found in CI: lines were keyed by rid, then by id(req), and a finished request's line,
+    still waiting for an older request, was overwritten by a later request with the same rid
+    (or a new object at the freed object's address)."""
     path = tmp_path / "again.jsonl"
     sched = tiny_scheduler(record_trace=str(path), record_trace_block_size=8, compile="off")
-    sched.add_request(Req("long", SYSTEM, SamplingParams(max_new_tokens=30, temperature=0)))
-    sched.add_request(Req("x", SYSTEM + [1], SamplingParams(max_new_tokens=1, temperature=0)))
-    while "x" in sched.reqs:
-        sched.step()
-    sched.add_request(Req("x", SYSTEM + [2, 3], SamplingParams(max_new_tokens=1, temperature=0)))  # same rid
-    while sched.has_work:
-        sched.step()
-    sched.close()
+    sched.add_request(Req("long", SYSTEM, SamplingParams(max_new_tokens=200, temperature=0)))
+    for extra in range(1, 11):  # one after another, each finished while "long" still runs
+        sched.add_request(Req("x", SYSTEM + [7] * extra, SamplingParams(max_new_tokens=1, temperature=0)))
+        while "x" in sched.reqs:
+            sched.step()
+    assert "long" in sched.reqs
+    sched.close()  # writes "long" with what it generated, then the ten behind it
     lines = [json.loads(line) for line in path.read_text().splitlines()]
-    assert [r["input_length"] for r in lines] == [24, 25, 26]
+    assert [r["input_length"] for r in lines] == [24, *range(25, 35)]
 
 
 def test_bad_recording_settings_name_the_option(tiny_scheduler, tmp_path):
