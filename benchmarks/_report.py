@@ -50,6 +50,13 @@ def bar_plot(path: Path, title: str, ylabel: str, values: dict[str, float]) -> N
     ax.set_title(title)
     for i, v in enumerate(values.values()):
         ax.annotate(f"{v:.3g}", (i, v), ha="center", va="bottom", fontsize=8)
+    save_figure(fig, path)
+
+
+def save_figure(fig, path: Path) -> None:
+    """Lay out, write as a PNG (120 dpi), close and say where: every benchmark's last step of a plot."""
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

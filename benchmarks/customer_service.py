@@ -27,7 +27,7 @@ import httpx
 from tqdm import tqdm
 
 from _load import complete, summary
-from _report import RESULTS, machine, save_json
+from _report import RESULTS, machine, save_figure, save_json
 from _servers import start_engine
 
 PROSE = Path(__file__).resolve().parent / "data" / "prose.txt"
@@ -156,9 +156,7 @@ def plot(results: dict, path: Path) -> None:
     b.set_ylabel("output tokens / s")
     b.set_title("16 concurrent requests")
     fig.suptitle("Customer service: 2,000-token shared system prompt, 100-token questions")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    print(f"saved {path}")
+    save_figure(fig, path)
 
 
 def main(argv=None) -> int:

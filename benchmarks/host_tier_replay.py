@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 from _replay_cli import add_replay_args, check_replay_args, number_list
-from _report import RESULTS, machine, save_json
+from _report import RESULTS, machine, save_figure, save_json
 from tqdm import tqdm
 
 
@@ -77,9 +77,7 @@ def plot(rows: list[dict], path: Path) -> None:
         ax.set_title(f"device {cap / 1e6:.2f} M tokens, LRU")
         ax.set_ylabel("token hit rate (%)")
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    print(f"saved {path}")
+    save_figure(fig, path)
 
 
 def main(argv=None) -> int:

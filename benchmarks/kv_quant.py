@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from _report import RESULTS, machine, save_json
+from _report import RESULTS, machine, save_figure, save_json
 
 PROSE = Path(__file__).resolve().parent / "data" / "prose.txt"
 PROMPTS = ["Explain how a lighthouse lens concentrates light, step by step.",
@@ -158,9 +158,7 @@ def plot(rows: list[dict], path: Path) -> None:
     b.legend()
     for ax in (a, b):
         ax.tick_params(axis="x", rotation=20, labelsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    print(f"saved {path}")
+    save_figure(fig, path)
 
 
 def main(argv=None) -> int:

@@ -33,7 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _report import RESULTS, machine, save_json
+from _report import RESULTS, machine, save_figure, save_json
 
 TRACE = Path(__file__).resolve().parent / "data" / "mooncake_conversation_trace.jsonl"
 PAGE_SIZES = (1, 8, 16, 32, 128)
@@ -297,22 +297,14 @@ def plot(result: dict, path: Path) -> None:
         axes[2].bar([r["format"] for r in f], [r["max_running_requests"] for r in f], color="#5aa0f0")
         axes[2].set_title("running at once, one byte budget")
         axes[2].tick_params(axis="x", rotation=30, labelsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    print(f"saved {path}")
+    save_figure(fig, path)
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
     from radixkv import kv_size
 
-    source = args.model
-    if source == "default":
-        from radixkv.model.loader import resolve_model_dir
-
-        source = resolve_model_dir(None)
-    geometry = kv_size.read_kv_geometry(source)
+    geometry = kv_size.read_kv_geometry(args.model)
     result = {**machine(), "model": geometry.source,
               "allocation": part_allocation(args, geometry.size(args.kv_dtype).bytes_per_token),
               "sharing": part_sharing(args)}

@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _report import RESULTS, machine, save_json
+from _report import RESULTS, machine, save_figure, save_json
 from tqdm import tqdm
 
 WIDTH = {"vocab_size": 512, "hidden_size": 2048, "intermediate_size": 4096, "num_hidden_layers": 4,
@@ -185,10 +185,7 @@ def plot(path: Path, result: dict) -> None:
     b.set_ylabel(f"decode tokens/s ({CONTEXT}-token context)")
     b.legend(fontsize=8)
     b.set_title("Decode speed")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    print(f"saved {path}")
+    save_figure(fig, path)
 
 
 def main(argv=None) -> dict:

@@ -29,7 +29,7 @@ import numpy as np
 from tqdm import tqdm
 
 from _load import complete, summary
-from _report import RESULTS, machine, save_json
+from _report import RESULTS, machine, save_figure, save_json
 from _servers import start_radixkv
 
 TRACE = Path(__file__).resolve().parent / "data" / "mooncake_conversation_trace.jsonl"
@@ -116,9 +116,7 @@ def plot(replies, curve, path: Path) -> None:
     b.set_xlabel("sent at (s)")
     b.set_ylabel("time to first token (s)")
     b.set_title("TTFT per request (colour: cached share)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    print(f"saved {path}")
+    save_figure(fig, path)
 
 
 def main(argv=None) -> int:

@@ -27,7 +27,7 @@ import httpx
 from tqdm import tqdm
 
 from _load import complete, summary
-from _report import RESULTS, machine, save_json
+from _report import RESULTS, machine, save_figure, save_json
 from _servers import start_engine
 
 PROSE = Path(__file__).resolve().parent / "data" / "prose.txt"
@@ -141,9 +141,7 @@ def plot(closed: dict, opened: dict, path: Path) -> None:
     b.set_ylabel("time to first token (s)")
     b.set_title("open loop, Poisson arrivals")
     b.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    print(f"saved {path}")
+    save_figure(fig, path)
 
 
 def main(argv=None) -> int:

@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from _report import RESULTS, machine, save_json
+from _report import RESULTS, machine, save_figure, save_json
 
 PROSE = Path(__file__).resolve().parent / "data" / "prose.txt"
 SECTIONS = ("prefill", "warm", "decode", "multiturn")
@@ -283,9 +283,7 @@ def plot(rows: list[dict], path: Path) -> None:
     ax.set_ylabel("fraction of the machine's limit")
     ax.set_title("Speed as a fraction of this machine's matmul / bandwidth limit (higher is better)")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    print(f"saved {path}")
+    save_figure(fig, path)
 
 
 def main(argv=None) -> int:

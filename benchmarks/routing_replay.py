@@ -15,7 +15,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from _report import RESULTS, machine, save_json
+from _report import RESULTS, machine, save_figure, save_json
 
 TRACE = Path(__file__).resolve().parent / "data" / "mooncake_conversation_trace.jsonl"
 
@@ -69,9 +69,7 @@ def plot(rows: list[dict], path: Path) -> None:
     ax.set_ylabel("token hit rate (%)")
     ax.set_title("routing over workers of capacity C vs one cache of N x C")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    print(f"saved {path}")
+    save_figure(fig, path)
 
 
 def main(argv=None) -> int:

@@ -348,12 +348,7 @@ def run_kv_size(args: argparse.Namespace) -> int:
 
     from radixkv import kv_size
 
-    source = args.model
-    if source == "default":
-        from radixkv.model.loader import resolve_model_dir
-
-        source = resolve_model_dir(None)
-    geometry = kv_size.read_kv_geometry(source)
+    geometry = kv_size.read_kv_geometry(args.model)
     report = kv_size.kv_report(geometry, args.dtype, context=args.context, batch=args.batch,
                                memory_bytes=args.memory)
     print(json.dumps(report, indent=2) if args.json else kv_size.format_report(report))

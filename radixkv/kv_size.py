@@ -132,7 +132,12 @@ class KVSize:
 
 
 def load_config(model_or_config: str | Path) -> tuple[dict[str, Any], str]:
-    """The parsed config.json of a model directory or config file, and the file's path."""
+    """The parsed config.json of a model directory or config file (or `default`: the runtime's
+    default model), and the file's path."""
+    if str(model_or_config) == "default":
+        from radixkv.model.loader import resolve_model_dir  # (only here: the rest needs no torch)
+
+        model_or_config = resolve_model_dir(None)
     path = Path(model_or_config).expanduser()
     if path.is_dir():
         path = path / "config.json"
@@ -148,7 +153,7 @@ def load_config(model_or_config: str | Path) -> tuple[dict[str, Any], str]:
 
 
 def read_kv_geometry(config: dict[str, Any] | str | Path, source: str = "config") -> KVGeometry:
-    """The KV geometry of a config dict, model directory or config.json path.
+    """The KV geometry of a config dict, model directory, config.json path or `default`.
 
     Multimodal configs are read through their nested `text_config`. Raises ConfigError naming
     the file (`source` for a dict) and the missing or invalid field.

@@ -117,15 +117,8 @@ def run_plan(args: argparse.Namespace) -> int:
     path = resolve_trace(args.trace)
     block = args.block_size or trace_block_size(path) or BLOCK_SIZE
     page = args.page_size or block
-    source = args.model
-    if source == "default":
-        from radixkv.model.loader import resolve_model_dir
-
-        source = resolve_model_dir(None)
-    geometry = kv_size.read_kv_geometry(source)
-    dtypes = args.kv_dtype if isinstance(args.kv_dtype, list) else [kv_size.canonical_kv_dtype(d)
-                                                                     for d in args.kv_dtype.split(",")]
-    per_token = {name: geometry.size(name).bytes_per_token for name in dtypes}
+    geometry = kv_size.read_kv_geometry(args.model)
+    per_token = {name: geometry.size(name).bytes_per_token for name in args.kv_dtype}  # (argparse types the default too)
     try:
         trace = load_trace(path, limit=args.limit)
         config = PlanConfig(page, args.policy, args.host_tokens, args.storage_tokens, block)
