@@ -70,7 +70,7 @@ def alternate(a, b, repeats: int) -> tuple[float, float]:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from radixkv.attention import sdpa_paged
+    from radixkv.attention import sdpa_plan
     from radixkv.config import EngineConfig
     from radixkv.model.runner import ModelRunner
 
@@ -102,14 +102,14 @@ def main(argv=None) -> int:
     if "shared" in groups:
         n, cached, new = SHARED
         batch = SharedPrefixBatch(runner, n, cached, new)
-        limit = sdpa_paged.SHARED_MIN_SAVED_TOKENS
+        limit = sdpa_plan.SHARED_MIN_SAVED_TOKENS
 
         def per_request():
-            sdpa_paged.SHARED_MIN_SAVED_TOKENS = 1 << 62
+            sdpa_plan.SHARED_MIN_SAVED_TOKENS = 1 << 62
             try:
                 runner.forward(batch.fb)
             finally:
-                sdpa_paged.SHARED_MIN_SAVED_TOKENS = limit
+                sdpa_plan.SHARED_MIN_SAVED_TOKENS = limit
 
         tc, tp = alternate(lambda: runner.forward(batch.fb), per_request, max(3, args.repeats // 3))
         batch.release()

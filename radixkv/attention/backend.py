@@ -24,7 +24,7 @@ from abc import ABC, abstractmethod
 
 import torch
 
-from radixkv.attention import sdpa_paged
+from radixkv.attention import sdpa_paged, sdpa_plan
 from radixkv.attention.forward_batch import ForwardBatch, ForwardMode
 from radixkv.errors import ConfigError
 from radixkv.mem.kv_pool import KVPool
@@ -106,7 +106,7 @@ class TorchBackend(ReferenceBackend):
     def __init__(self, pool: KVPool, req_to_token: torch.Tensor):
         super().__init__(pool, req_to_token)
         self.fused = pool.device.type == "cpu"
-        self._sdpa_plan: sdpa_paged.SdpaPlan | None = None
+        self._sdpa_plan: sdpa_plan.SdpaPlan | None = None
 
     def begin_forward(self, fb: ForwardBatch) -> None:
         super().begin_forward(fb)
@@ -116,7 +116,7 @@ class TorchBackend(ReferenceBackend):
         if sliding_window is not None or not self.fused:
             return super().attend(q, k, v, layer, sm_scale, sliding_window, fb)
         if self._sdpa_plan is None:
-            self._sdpa_plan = sdpa_paged.plan(self.req_to_token, fb.req_pool_indices, fb.seq_lens,
+            self._sdpa_plan = sdpa_plan.plan(self.req_to_token, fb.req_pool_indices, fb.seq_lens,
                                               fb.prefix_lens, fb.extend_start_loc, fb.num_tokens)
         return sdpa_paged.attention(q, k, v, self.pool.k_view(layer), self.pool.v_view(layer),
                                     self._sdpa_plan, sm_scale, fb.out_cache_loc)

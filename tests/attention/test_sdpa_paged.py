@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from radixkv.attention import sdpa_paged
+from radixkv.attention import sdpa_paged, sdpa_plan
 from radixkv.kernels import reference
 from tests.kernels.paged_batch import assert_close, make_paged_batch, randn
 
@@ -20,7 +20,7 @@ def run_both(seq_lens, prefix_lens, *, hq=6, hkv=2, d=16, page_size=4, seed=0):
     k = randn(t, hkv, d, dtype=F32, seed=seed + 2)  # (T, Hkv, D)
     v = randn(t, hkv, d, dtype=F32, seed=seed + 3)
     reference.store_kv(batch.k_buffer, batch.v_buffer, batch.out_cache_loc, k, v)
-    plan = sdpa_paged.plan(batch.req_to_token, batch.req_pool_indices, batch.seq_lens,
+    plan = sdpa_plan.plan(batch.req_to_token, batch.req_pool_indices, batch.seq_lens,
                            batch.prefix_lens, batch.extend_start_loc, t)
     fused = sdpa_paged.attention(q, k, v, batch.k_buffer, batch.v_buffer, plan, d**-0.5)
     expected = reference.extend_attention(q, *batch.extend_args(), d**-0.5)
@@ -94,7 +94,7 @@ def shared_prefix_batch(prefix_lens, tails, groups=None, *, hq=6, hkv=2, d=16, s
     rows = torch.arange(1, B + 1)
     starts = torch.arange(B, dtype=torch.int32)
     q = torch.randn(B, hq, d, generator=gen)
-    plan = sdpa_paged.plan(req_to_token, rows, seq_lens, seq_lens - 1, starts, B)
+    plan = sdpa_plan.plan(req_to_token, rows, seq_lens, seq_lens - 1, starts, B)
     fused = sdpa_paged.attention(q, None, None, k_buffer, v_buffer, plan, d**-0.5)
     expected = reference.decode_attention(q, k_buffer, v_buffer, req_to_token, rows, seq_lens, d**-0.5)
     return fused, expected, plan
@@ -142,7 +142,7 @@ def shared_extend_batch(shared_len, own_prefix, new, *, hq=6, hkv=2, d=16, seed=
     q, k, v = (torch.randn(T, h, d, generator=gen) for h in (hq, hkv, hkv))
     reference.store_kv(k_buffer, v_buffer, loc, k, v)
     rows = torch.arange(1, B + 1)
-    plan = sdpa_paged.plan(req_to_token, rows, seq_lens, prefix_lens, starts, T)
+    plan = sdpa_plan.plan(req_to_token, rows, seq_lens, prefix_lens, starts, T)
     fused = sdpa_paged.attention(q, k, v, k_buffer, v_buffer, plan, d**-0.5)
     expected = reference.extend_attention(q, k_buffer, v_buffer, req_to_token, rows, seq_lens, prefix_lens,
                                           starts, max(new), d**-0.5)
