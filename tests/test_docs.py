@@ -35,9 +35,12 @@ def built_page(site: Path, source: str) -> Path:
 def test_site_builds_strict_with_every_page_and_plot(site):
     for page in (REPO / "docs").glob("*.md"):
         assert built_page(site, page.name).is_file(), page.name
-    # the plots are served from benchmarks/results/, where the benchmarks write them
+    # the plots are served from benchmarks/results/, where the benchmarks write them, and each is
+    # shown on some page
+    pages = "".join(page.read_text() for page in (REPO / "docs").glob("*.md"))
     for png in (REPO / "benchmarks" / "results").glob("*.png"):
         assert (site / "img" / png.name).is_file(), png.name
+        assert f"](img/{png.name})" in pages, f"no page shows {png.name}"
 
 
 def test_cli_page_lists_every_flag_of_every_subcommand(site):
