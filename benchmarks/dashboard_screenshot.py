@@ -1,4 +1,4 @@
-"""The README's picture of `/dashboard`: a server, a small known workload, headless Chromium.
+"""The docs' picture of `/dashboard`: a server, a small known workload, headless Chromium.
 
 The workload: two system prompts with a few conversations each (three turns, every turn
 extending the last), one tenant under its own `cache_salt`, and unrelated one-off prompts, in

@@ -1,9 +1,11 @@
-"""Regenerate every figure of the README's Performance section, then the section itself.
+"""Regenerate every figure of the documentation's benchmark tables, then the tables themselves.
 
 Runs each benchmark script in turn (one process each, nothing else on the machine), then reads
-their JSON results and rewrites the table between the `performance:begin` / `performance:end`
-markers of README.md (and writes it to results/performance.md). A peer that cannot run is left
-out by its script, which says why; its cells read "not run".
+their JSON results and rewrites each generated table between its `<!-- NAME:begin -->` /
+`<!-- NAME:end -->` markers in the page of docs/ that holds them: the summary table
+(`performance`, in docs/benchmarks.md, also written to results/performance.md) and one table
+per feature (SECTIONS). A peer that cannot run is left out by its script, which says why; its
+cells read "not run".
 
     bash benchmarks/peers/setup.sh && python benchmarks/run_all.py     # about an hour
     python benchmarks/run_all.py --only-table                            # re-render from results/
@@ -20,7 +22,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
-README = HERE.parent / "README.md"
+DOCS = HERE.parent / "docs"  # the pages holding the generated tables (mkdocs' docs_dir)
 BEGIN, END = "<!-- performance:begin -->", "<!-- performance:end -->"
 SCRIPTS = [  # (script, arguments, what it measures)
     ("roofline.py", [], "speed against the machine's limits, vs transformers"),
@@ -341,23 +343,46 @@ def memory_table() -> str | None:
     return out + f"\n`python benchmarks/memory_efficiency.py`, {when(d)}.\n"
 
 
+def markers(name: str) -> tuple[str, str]:
+    return f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
+
+
+def pages_with(name: str) -> list[Path]:
+    """The pages under DOCS holding both of `name`'s markers."""
+    begin, end = markers(name)
+    return [page for page in sorted(DOCS.rglob("*.md")) if begin in (t := page.read_text()) and end in t]
+
+
 def rewrite_section(name: str, text: str | None) -> None:
-    """Replace what is between `<!-- name:begin -->` and `<!-- name:end -->` in README.md."""
-    begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
-    readme = README.read_text()
+    """Replace what is between `<!-- name:begin -->` and `<!-- name:end -->` in the docs page(s)
+    holding those markers."""
     if text is None:
         return
-    if begin not in readme or end not in readme:
-        print(f"README.md has no {begin} ... {end} markers: {name} table not written there")
-        return
-    head, rest = readme.split(begin, 1)
-    _, tail = rest.split(end, 1)
-    README.write_text(f"{head}{begin}\n{text}{end}{tail}")
-    print(f"README.md: {name} table rewritten")
+    begin, end = markers(name)
+    pages = pages_with(name)
+    if not pages:
+        print(f"no page under {DOCS} has {begin} ... {end} markers: {name} table not written")
+    for page in pages:
+        head, rest = page.read_text().split(begin, 1)
+        _, tail = rest.split(end, 1)
+        page.write_text(f"{head}{begin}\n{text}{end}{tail}")
+        print(f"{page.name}: {name} table rewritten")
 
 
-def rewrite_readme(text: str) -> None:
+def rewrite_performance(text: str) -> None:
     rewrite_section("performance", text)
+
+
+# every generated table besides `performance`: its marker name and what renders it from results/
+SECTIONS = {
+    "kv-quant": kv_quant_table,
+    "host-tier": host_tier_table,
+    "storage-tier": storage_tier_table,
+    "constrained": constrained_table,
+    "tensor-parallel": tensor_parallel_table,
+    "plan": plan_table,
+    "memory-efficiency": memory_table,
+}
 
 
 def main(argv=None) -> int:
@@ -376,14 +401,9 @@ def main(argv=None) -> int:
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "performance.md").write_text(text)
     print(text)
-    rewrite_readme(text)
-    rewrite_section("kv-quant", kv_quant_table())
-    rewrite_section("host-tier", host_tier_table())
-    rewrite_section("storage-tier", storage_tier_table())
-    rewrite_section("constrained", constrained_table())
-    rewrite_section("tensor-parallel", tensor_parallel_table())
-    rewrite_section("plan", plan_table())
-    rewrite_section("memory-efficiency", memory_table())
+    rewrite_performance(text)
+    for name, render in SECTIONS.items():
+        rewrite_section(name, render())
     return 0
 
 

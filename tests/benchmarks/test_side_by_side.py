@@ -1,4 +1,4 @@
-"""The side-by-side benchmark scripts: trace scaling, the README table, and real runs on small
+"""The side-by-side benchmark scripts: trace scaling, the docs' summary table, and real runs on small
 settings (a real radixkv server; the vLLM peer is not installed in CI and is skipped by flag)."""
 
 import datetime
@@ -98,8 +98,18 @@ def test_table_names_the_command_and_date_of_every_row(tmp_path, monkeypatch):
 def test_table_leaves_out_what_has_not_run_and_rewrites_only_between_markers(tmp_path, monkeypatch):
     monkeypatch.setattr(run_all, "RESULTS", tmp_path)
     assert run_all.table().count("\n") == 2  # the header alone
-    readme = tmp_path / "README.md"
-    readme.write_text(f"intro\n{run_all.BEGIN}\nold\n{run_all.END}\noutro\n")
-    monkeypatch.setattr(run_all, "README", readme)
-    run_all.rewrite_readme("| new |\n")
-    assert readme.read_text() == f"intro\n{run_all.BEGIN}\n| new |\n{run_all.END}\noutro\n"
+    page = tmp_path / "benchmarks.md"
+    page.write_text(f"intro\n{run_all.BEGIN}\nold\n{run_all.END}\noutro\n")
+    monkeypatch.setattr(run_all, "DOCS", tmp_path)
+    run_all.rewrite_performance("| new |\n")
+    assert page.read_text() == f"intro\n{run_all.BEGIN}\n| new |\n{run_all.END}\noutro\n"
+
+
+def test_every_generated_table_has_one_place_in_the_docs():
+    # run_all writes each table between its markers in the docs page that holds them: a page
+    # that lost its markers would keep stale figures, two pages holding them could disagree
+    for name in ["performance", *run_all.SECTIONS]:
+        pages = run_all.pages_with(name)
+        assert len(pages) == 1, (name, pages)
+    assert run_all.pages_with("performance")[0].name == "benchmarks.md"
+    assert "performance:begin" not in (REPO / "README.md").read_text()
