@@ -1,4 +1,5 @@
-"""The prefix-cache interface shared by the radix cache, its tiered form and the no-op cache.
+"""The prefix-cache interface: what the scheduler asks of the cache manager (`RadixCache`, with
+whatever tiers it composes) and of the no-op cache (`NoCache`, `--disable-radix-cache`).
 
 The scheduler drives a request's admission through it, walking the tree once per step:
 
@@ -10,6 +11,11 @@ The scheduler drives a request's admission through it, walking the tree once per
     [extend; cache_unfinished ...] -> cache_finished
 
 `match_prefix(key)` is peek + settle + record_use in one call, for simulators and tests.
+
+Everything else the scheduler asks is a method here too, answering empty (or None, or 0) where
+a tier is absent: storage reads (`reads_storage`, `prefetch`, `install`, `cancel_prefetch`),
+statistics (`host_stats`, `storage_stats`), KV events (`record_events`, `take_events`), miss
+attribution (`track_evicted`), and `persist` / `close` at shutdown.
 
 Retention. A request may carry a `radixkv.retention.Retention` (a client's hint of how long to
 keep its prefixes); `cache_unfinished` / `cache_finished` then `retain` the path they cached, so
@@ -28,6 +34,8 @@ from radixkv.mem.allocator import PageAllocator
 from radixkv.mem.seq_pages import SeqPages
 
 if TYPE_CHECKING:
+    from radixkv.mem.cache_events import CacheEvent
+    from radixkv.mem.miss_causes import GhostIndex
     from radixkv.retention import Retention
 
 Namespace = Any
@@ -74,6 +82,11 @@ class PrefixCache(ABC):
 
     stats_evicted_tokens: int
     """Tokens evicted since the cache was created."""
+
+    root: Any = None
+    """The radix tree's root node; None for a cache without a tree."""
+    ghosts: GhostIndex | None = None
+    """Names of pages that left the cache's last tier, once `track_evicted` was called."""
 
     # -- lookup --------------------------------------------------------------------------------
     @abstractmethod
@@ -177,6 +190,52 @@ class PrefixCache(ABC):
         With `inflight_pages` (pages held by running requests and not by the cache), also checks
         `free + evictable + protected + inflight == total` in pages.
         """
+
+    # -- tiers, events and statistics (empty where a tier is absent) --------------------------------
+    @property
+    def reads_storage(self) -> bool:
+        """Whether a storage tier under the cache can be read ahead of admission (`prefetch`)."""
+        return False
+
+    def prefetch(self, match: MatchResult) -> Any:
+        """Start reading `match`'s storage continuation (a peek's `storage_tokens`); None if none."""
+        return None
+
+    def install(self, prefetch: Any) -> int:
+        """Put what `prefetch` brought into the host tier; tokens installed."""
+        return 0
+
+    def cancel_prefetch(self, prefetch: Any) -> None:
+        """The request `prefetch` read for left the queue: its read is dropped."""
+
+    def load_from_storage(self, match: MatchResult) -> MatchResult:
+        """`prefetch` and `install` at once, waiting for the read (simulators); the new peek."""
+        return match
+
+    def record_events(self) -> None:
+        """From now on, record every change to which pages the cache holds (KV events)."""
+
+    def take_events(self) -> list[CacheEvent]:
+        """The events recorded since the last call, oldest first (none when not recording)."""
+        return []
+
+    def track_evicted(self) -> None:
+        """From now on, remember the pages that leave the cache (`ghosts`, for miss causes)."""
+
+    def host_stats(self) -> dict[str, Any]:
+        """The host tier's sizes and counters (tokens); `host_total_tokens: 0` without one."""
+        return {"host_total_tokens": 0}
+
+    def storage_stats(self) -> dict[str, Any]:
+        """The storage tier's sizes and counters; `storage_enabled: False` without one."""
+        return {"storage_enabled": False}
+
+    def persist(self) -> int:
+        """Write what the device and host tiers hold to storage; pages queued (0 without one)."""
+        return 0
+
+    def close(self) -> None:
+        """At shutdown: persist, then stop the tiers' threads (nothing without them)."""
 
     # -- a request's life ----------------------------------------------------------------------
     def aligned(self, num_tokens: int) -> int:

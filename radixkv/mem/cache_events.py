@@ -162,7 +162,7 @@ class CacheEventLog:
 
 
 def tree_events(cache: Any) -> list[CacheEvent]:
-    """What `cache` (a `RadixCache` or `HostTieredCache`) holds now, as events from an empty
+    """What `cache` (a `RadixCache`, with or without a host tier) holds now, as events from an empty
     start: a clear, then every device page, then every host page, parents before children."""
     log = CacheEventLog(cache.page_size)
     log.cleared()
@@ -170,7 +170,7 @@ def tree_events(cache: Any) -> list[CacheEvent]:
         if node.on_device:
             log.stored(node, GPU)
     for node in cache.nodes():
-        if getattr(node, "host_pages", None) is not None:
+        if node.host_pages is not None:
             log.stored(node, CPU)
     return log.take()
 
