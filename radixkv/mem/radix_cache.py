@@ -18,16 +18,12 @@ request reads it. A node with `lock_ref == 0` is *evictable*; only evictable *de
 (`radixkv.mem.candidates`; see Retention). Evicting a leaf can turn its parent into a candidate.
 
 Retention. `retain` gives the nodes of a just-cached path a deadline (`retain_until`, seconds
-on the cache's `clock`; a client's hint, `radixkv.retention`). A candidate's rank is
-(retention, policy priority): leaves not retained come first, by the policy; retained leaves
-(deadline ahead) after all of them, earliest deadline first. Retained leaves stay evictable, so
-`evictable_tokens`, admission and reservation never change: a hint cannot block anything.
-Deadlines run out as the clock moves without anything touching the node, so a candidate's
-retained flag can be stale; `evict` first re-ranks every flagged candidate whose deadline has
-passed (each re-rank clears a flag, so it terminates), and then all flags are true at its clock
-reading. A parent's deadline is never earlier than its child's (retaining a node retains its
-path; a split copies the deadline), so a retained leaf's eviction never exposes an unretained
-parent. Retention orders device eviction only; the host tier's LRU ignores it.
+on the cache's `clock`; a client's hint, `radixkv.retention`): they are evicted after every
+unretained leaf (`radixkv.mem.candidates` ranks them, and re-ranks a deadline gone by). Retained
+leaves stay evictable, so `evictable_tokens`, admission and reservation never change: a hint
+cannot block anything. A parent's deadline is never earlier than its child's (retaining a node
+retains its path; a split copies the deadline), so a retained leaf's eviction never exposes an
+unretained parent. Retention orders device eviction only; the host tier's LRU ignores it.
 
 Matching. `peek` walks the tree and changes nothing; it may end inside an edge. Past the device
 part, the key may go on through host-only nodes (`host_tokens`) and then in storage
@@ -62,13 +58,13 @@ from radixkv.errors import CacheInvariantError
 from radixkv.mem.allocator import PageAllocator
 from radixkv.mem.base import InsertResult, MatchResult, Namespace, PrefixCache
 from radixkv.mem.cache_checks import check_host_tier, check_tree
-from radixkv.mem.cache_events import GPU, CacheEvent, CacheEventLog, node_hashes
+from radixkv.mem.cache_events import GPU, CacheEventLog, node_hashes
 from radixkv.mem.candidates import EvictionCandidates
 from radixkv.mem.eviction import EvictionPolicy, make_policy
 from radixkv.mem.host_tier import HostTier
 from radixkv.mem.miss_causes import GhostIndex
 from radixkv.mem.radix_tree import RadixTree
-from radixkv.mem.storage_tier import Prefetch, StorageTier
+from radixkv.mem.storage_tier import StorageTier
 from radixkv.mem.tier_controller import TierController
 from radixkv.mem.tree_node import TreeNode
 
@@ -148,13 +144,7 @@ class RadixCache(PrefixCache):
 
     def peek(self, key: Sequence[int], namespace: Namespace = None) -> MatchResult:
         key = self.tree.as_key(key)
-        node, pos, pages, host = self.root, 0, [], 0
-        for child, n in self.tree.walk(key, namespace):
-            if host or not child.on_device:  # the match goes on one tier down
-                host += n
-                continue
-            pages.extend(child.pages if n == len(child.key) else child.pages[: n // self.page_size])
-            node, pos = child, pos + n
+        node, pos, pages, host = self.tree.match(key, namespace)
         match = MatchResult(pages, pos, node, host, key=key, namespace=namespace, epoch=self.epoch)
         return match if self.tiers is None else self.tiers.storage_continuation(match)
 
@@ -180,19 +170,8 @@ class RadixCache(PrefixCache):
         return node
 
     def host_path(self, match: MatchResult, split_end: bool = False) -> list[TreeNode]:
-        """The host-only nodes continuing `match` along its key, as far as they still are in
-        the tree (splitting the last at the match's end, with `split_end`)."""
-        path, node = [], match.last_node
-        pos, end = match.num_tokens, match.num_tokens + match.host_tokens
-        while pos < end:
-            node = node.children.get(self.tree.child_key(node, match.key, pos, match.namespace))
-            if node is None:  # the host tier let it go since (its LRU made room)
-                break
-            if split_end and pos + len(node.key) > end:
-                node = self.split(node, end - pos)
-            path.append(node)
-            pos += len(node.key)
-        return path
+        """`RadixTree.host_path`, splitting (with `split_end`) as the cache splits."""
+        return self.tree.host_path(match, self.split if split_end else None)
 
     def record_use(self, match: MatchResult) -> None:
         now = self._tick()
@@ -215,23 +194,7 @@ class RadixCache(PrefixCache):
             return match
         return self.tiers.load_back(match)
 
-    # -- storage reads (a storage tier's; None / nothing without one) ---------------------------
-    @property
-    def reads_storage(self) -> bool:
-        return self.tiers is not None and self.tiers.storage is not None
-
-    def prefetch(self, match: MatchResult) -> Prefetch | None:
-        return self.tiers.prefetch(match) if self.reads_storage else None
-
-    def install(self, prefetch: Prefetch) -> int:
-        return self.tiers.install(prefetch)
-
-    def cancel_prefetch(self, prefetch: Prefetch) -> None:
-        self.tiers.cancel_prefetch(prefetch)
-
-    def load_from_storage(self, match: MatchResult) -> MatchResult:
-        return self.tiers.load_from_storage(match) if self.reads_storage else match
-
+    # -- storage keys (for miss causes) ----------------------------------------------------------
     def storage_chain(self, key: Sequence[int], start: int, namespace: Namespace = None):
         """The storage keys of `key`'s whole pages from token `start` on (lazily; empty if the
         tree does not hold `key` that far); None without a storage tier."""
@@ -320,16 +283,7 @@ class RadixCache(PrefixCache):
 
     @property
     def retained_tokens(self) -> int:
-        """Device tokens whose deadline is ahead of the clock (walks only the retained part of
-        the tree: below a node whose deadline has passed, every one has)."""
-        now = self.clock()
-        total, stack = 0, [c for c in self.root.children.values() if c.retain_until > now]
-        while stack:
-            node = stack.pop()
-            if node.on_device:
-                total += len(node.key)
-            stack.extend(c for c in node.children.values() if c.retain_until > now)
-        return total
+        return self.tree.retained_tokens(self.clock())
 
     # -- locks ---------------------------------------------------------------------------------
     def lock(self, node: TreeNode) -> None:
@@ -364,37 +318,11 @@ class RadixCache(PrefixCache):
     _is_device_leaf = is_device_leaf  # (the name the invariant checks and tests use)
 
     def evict(self, num_tokens: int) -> int:
-        """Evict from the lowest-ranked leaves until `num_tokens` are freed or none is left
-        (retained leaves last; flags gone stale are re-ranked first, see the module docstring).
-
-        Eviction is page-granular and takes a leaf's tail first (the deepest tokens, the last
-        a future match would reach); with a host tier the tail moves there. When the policy
-        ranks a leaf by its tail page (`page_granular`), the victim loses pages only while it
-        stays the lowest-ranked candidate, then is re-ranked by its new tail; otherwise all its
-        pages rank alike and it loses as many as are still needed.
-        """
+        """Evict the lowest-ranked leaves' tails (`EvictionCandidates.victims`: retained leaves
+        last) until `num_tokens` are freed or none is left; with a host tier the tails move there."""
         freed = 0
-        size = self.page_size
-        granular = self.policy.page_granular
-        candidates = self.candidates
-        now = candidates.expire() if num_tokens > 0 else None
-        while freed < num_tokens and candidates:
-            node = candidates.pop_lowest()
-            self.policy.on_evict(node, self._clock)
-            keep = len(node.key)
-            if granular:
-                # rank the runner-up afresh: a policy's ranks may drift with its learned state
-                nxt = candidates.lowest()
-                runner_up = candidates.rank(nxt, len(nxt.key), now) if nxt is not None else None
-                while keep and freed < num_tokens:
-                    keep -= size
-                    freed += size
-                    if keep and runner_up is not None and candidates.rank(node, keep, now) > runner_up:
-                        break
-            else:
-                drop = min(keep, -(-(num_tokens - freed) // size) * size)
-                keep -= drop
-                freed += drop
+        for node, keep in self.candidates.victims(num_tokens, self.page_size, self._clock):
+            freed += len(node.key) - keep
             self.epoch += 1
             if self.tiers is not None:
                 self.tiers.demote(node, keep)
@@ -449,45 +377,7 @@ class RadixCache(PrefixCache):
         if self.events is not None:
             self.events.cleared()
 
-    # -- the rest of the interface ---------------------------------------------------------------
-    def record_events(self) -> None:
-        self.events = CacheEventLog(self.page_size)
-
-    def take_events(self) -> list[CacheEvent]:
-        return self.events.take() if self.events is not None else []
-
-    def track_evicted(self) -> None:
-        self.ghosts = GhostIndex()
-
-    def host_stats(self) -> dict[str, Any]:
-        return {"host_total_tokens": 0} if self.tiers is None else self.tiers.host_stats()
-
-    def storage_stats(self) -> dict[str, Any]:
-        return self.tiers.storage_stats() if self.reads_storage else {"storage_enabled": False}
-
-    @property
-    def stats_host_loaded_tokens(self) -> int:
-        return 0 if self.tiers is None else self.tiers.host_loaded_tokens
-
-    @property
-    def stats_host_evicted_tokens(self) -> int:
-        return 0 if self.tiers is None else self.tiers.host_evicted_tokens
-
-    @property
-    def stats_storage_loaded_tokens(self) -> int:
-        return 0 if self.tiers is None else self.tiers.storage_loaded_tokens
-
-    @property
-    def stats_storage_hit_tokens(self) -> int:
-        return 0 if self.tiers is None else self.tiers.storage_hit_tokens
-
-    def persist(self) -> int:
-        return self.tiers.persist() if self.reads_storage else 0
-
-    def close(self) -> None:
-        if self.reads_storage:
-            self.tiers.close()
-
+    # -- inspection ----------------------------------------------------------------------------
     def pretty(self) -> str:
         """The tree as indented text (for debugging)."""
         return self.tree.pretty(self.tiers.describe if self.tiers is not None else lambda node: "")

@@ -71,6 +71,33 @@ class RadixTree:
             pos += n
             node = child
 
+    def match(self, key: tuple, namespace: Namespace) -> tuple[TreeNode, int, list[int], int]:
+        """(last node, tokens, device pages) of `key`'s longest device-resident prefix, and how
+        many more tokens of it host-only nodes hold (the match going on one tier down)."""
+        node, pos, pages, host = self.root, 0, [], 0
+        for child, n in self.walk(key, namespace):
+            if host or not child.on_device:
+                host += n
+                continue
+            pages.extend(child.pages if n == len(child.key) else child.pages[: n // self.page_size])
+            node, pos = child, pos + n
+        return node, pos, pages, host
+
+    def host_path(self, match: Any, split: Callable[[TreeNode, int], TreeNode] | None = None) -> list[TreeNode]:
+        """The host-only nodes continuing `match` (a `MatchResult`) along its key, as far as they
+        still are in the tree; with `split`, the last is split at the match's end by it."""
+        path, node = [], match.last_node
+        pos, end = match.num_tokens, match.num_tokens + match.host_tokens
+        while pos < end:
+            node = node.children.get(self.child_key(node, match.key, pos, match.namespace))
+            if node is None:  # the host tier let it go since (its LRU made room)
+                break
+            if split is not None and pos + len(node.key) > end:
+                node = split(node, end - pos)
+            path.append(node)
+            pos += len(node.key)
+        return path
+
     def continuation(self, key: Sequence[int], namespace: Namespace = None, limit: int = 8) -> list[int]:
         """Up to `limit` tokens the tree holds right after the whole of `key` (token-exact, not
         page-aligned): what followed the same sequence in an earlier request, along the most
@@ -112,6 +139,17 @@ class RadixTree:
             node = stack.pop()
             yield node
             stack.extend(node.children.values())
+
+    def retained_tokens(self, now: float) -> int:
+        """Device tokens whose retention deadline is ahead of `now` (walks only the retained
+        part of the tree: below a node whose deadline has passed, every one has)."""
+        total, stack = 0, [c for c in self.root.children.values() if c.retain_until > now]
+        while stack:
+            node = stack.pop()
+            if node.on_device:
+                total += len(node.key)
+            stack.extend(c for c in node.children.values() if c.retain_until > now)
+        return total
 
     # -- shape changes -------------------------------------------------------------------------
     def split(self, child: TreeNode, n: int) -> TreeNode:

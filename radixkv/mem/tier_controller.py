@@ -8,8 +8,8 @@ node's pages are; this controller decides *what* moves, and keeps the tree's nod
 truth about it.
 
 A node is *device-resident* (`pages` set) or *host-only* (`pages == []`, its KV in `host_pages`);
-device-resident nodes form a prefix-closed subtree (a host-only node's children are host-only).
-Stored pages are not in the tree: they are found by key (`radixkv.mem.storage_keys`).
+a host-only node's children are host-only. Stored pages are not in the tree: they are found by
+key (`radixkv.mem.storage_keys`).
 
 What moves:
 - *device -> host* (`demote`): an evicted tail is copied to host pages (unless a write-through
@@ -24,10 +24,9 @@ What moves:
   reports how many tokens it loaded a prefetch had brought (`MatchResult.from_storage`).
 - `persist` (a clean shutdown) writes what the device and host tiers hold to storage.
 
-Events (when the cache records them): a host copy is a store on the `CPU` medium, a host page
-let go a removal there; a device page copied back is a store on `GPU`. A device eviction
-records its host store before its device removal, so a subscriber never sees the page held
-nowhere. Invariants: `radixkv.mem.cache_checks.check_host_tier`.
+Events: a host copy is a store on the `CPU` medium, a host page let go a removal there; a page
+copied back a store on `GPU`; a device eviction records its host store before its device removal
+(a subscriber never sees the page held nowhere). Invariants: `cache_checks.check_host_tier`.
 """
 
 from __future__ import annotations
@@ -220,11 +219,10 @@ class TierController:
         """Remove a host-only leaf from the tree and the host tier (written back to storage first)."""
         assert not node.on_device and not node.children
         cache, storage = self.cache, self.storage
-        if storage is not None and not storage.config.write_through:
-            keys = self.keys.of(cache.tree, node)
-            if storage.needs(keys):
-                storage.write(keys, self.host.rows(node.host_pages))
-        if cache.ghosts is not None and not self._kept_below(node):
+        keys = self.keys.of(cache.tree, node) if storage is not None else None
+        if keys is not None and not storage.config.write_through and storage.needs(keys):
+            storage.write(keys, self.host.rows(node.host_pages))
+        if cache.ghosts is not None and (keys is None or storage.needs(keys)):  # (not kept below either)
             cache.ghosts.add(node_hashes(node, self.page_size))
         cache.epoch += 1
         parent = node.parent
@@ -237,10 +235,6 @@ class TierController:
             self.lru.drop(node)
         if not parent.on_device and parent is not cache.root and not parent.children:
             self.lru.add(parent)  # (a device parent's candidacy ignores host-only children)
-
-    def _kept_below(self, node: TreeNode) -> bool:
-        """Whether storage keeps `node`'s pages as it leaves the tree."""
-        return self.storage is not None and not self.storage.needs(self.keys.of(self.cache.tree, node))
 
     def _drop_host_subtree(self, node: TreeNode) -> None:
         """Remove every (host-only) descendant of `node`."""
