@@ -1,4 +1,5 @@
-"""The prefix-cache interface shared by the radix cache, its tiered form and the no-op cache.
+"""The prefix-cache interface: what the scheduler asks of the cache manager (`RadixCache`, with
+whatever tiers it composes) and of the no-op cache (`NoCache`, `--disable-radix-cache`).
 
 The scheduler drives a request's admission through it, walking the tree once per step:
 
@@ -10,6 +11,11 @@ The scheduler drives a request's admission through it, walking the tree once per
     [extend; cache_unfinished ...] -> cache_finished
 
 `match_prefix(key)` is peek + settle + record_use in one call, for simulators and tests.
+
+Everything else the scheduler asks is a method here too, answering empty (or None, or 0) where
+a tier is absent: storage reads (`reads_storage`, `prefetch`, `install`, `cancel_prefetch`),
+statistics (`host_stats`, `storage_stats`), KV events (`record_events`, `take_events`), miss
+attribution (`track_evicted`), and `persist` / `close` at shutdown.
 
 Retention. A request may carry a `radixkv.retention.Retention` (a client's hint of how long to
 keep its prefixes); `cache_unfinished` / `cache_finished` then `retain` the path they cached, so
@@ -26,6 +32,10 @@ from typing import TYPE_CHECKING, Any
 
 from radixkv.mem.allocator import PageAllocator
 from radixkv.mem.seq_pages import SeqPages
+
+from radixkv.mem.cache_events import CacheEvent, CacheEventLog
+from radixkv.mem.miss_causes import GhostIndex
+from radixkv.mem.storage_tier import Prefetch
 
 if TYPE_CHECKING:
     from radixkv.retention import Retention
@@ -74,6 +84,11 @@ class PrefixCache(ABC):
 
     stats_evicted_tokens: int
     """Tokens evicted since the cache was created."""
+
+    root: Any = None
+    """The radix tree's root node; None for a cache without a tree."""
+    ghosts: GhostIndex | None = None
+    """Names of pages that left the cache's last tier, once `track_evicted` was called."""
 
     # -- lookup --------------------------------------------------------------------------------
     @abstractmethod
@@ -177,6 +192,83 @@ class PrefixCache(ABC):
         With `inflight_pages` (pages held by running requests and not by the cache), also checks
         `free + evictable + protected + inflight == total` in pages.
         """
+
+    # -- tiers, events and statistics (empty where a tier is absent) --------------------------------
+    tiers: Any = None
+    """The `radixkv.mem.tier_controller.TierController` moving pages between the tiers below the
+    device pool; None without lower tiers. The methods below answer through it."""
+    events: CacheEventLog | None = None
+    """Records page changes for KV events, once `record_events` was called."""
+
+    @property
+    def reads_storage(self) -> bool:
+        """Whether a storage tier under the cache can be read ahead of admission (`prefetch`)."""
+        return self.tiers is not None and self.tiers.storage is not None
+
+    def prefetch(self, match: MatchResult) -> Prefetch | None:
+        """Start reading `match`'s storage continuation (a peek's `storage_tokens`); None if none."""
+        return self.tiers.prefetch(match) if self.reads_storage else None
+
+    def install(self, prefetch: Prefetch) -> int:
+        """Put what `prefetch` has brought so far into the host tier; tokens installed."""
+        return self.tiers.install(prefetch)
+
+    def cancel_prefetch(self, prefetch: Prefetch) -> None:
+        """The request `prefetch` read for left the queue: its read is dropped."""
+        self.tiers.cancel_prefetch(prefetch)
+
+    def load_from_storage(self, match: MatchResult) -> MatchResult:
+        """`prefetch` and `install` at once, waiting for the read (simulators); the new peek."""
+        return self.tiers.load_from_storage(match) if self.reads_storage else match
+
+    def record_events(self) -> None:
+        """From now on, record every change to which pages the cache holds (KV events)."""
+        self.events = CacheEventLog(self.page_size)
+
+    def take_events(self) -> list[CacheEvent]:
+        """The events recorded since the last call, oldest first (none when not recording)."""
+        return self.events.take() if self.events is not None else []
+
+    def track_evicted(self) -> None:
+        """From now on, remember the pages that leave the cache (`ghosts`, for miss causes)."""
+        self.ghosts = GhostIndex()
+
+    def host_stats(self) -> dict[str, Any]:
+        """The host tier's sizes and counters (tokens); `host_total_tokens: 0` without one."""
+        return {"host_total_tokens": 0} if self.tiers is None else self.tiers.host_stats()
+
+    def storage_stats(self) -> dict[str, Any]:
+        """The storage tier's sizes and counters; `storage_enabled: False` without one."""
+        return self.tiers.storage_stats() if self.reads_storage else {"storage_enabled": False}
+
+    @property
+    def stats_host_loaded_tokens(self) -> int:
+        """Tokens loaded back from the host tier for requests."""
+        return 0 if self.tiers is None else self.tiers.host_loaded_tokens
+
+    @property
+    def stats_host_evicted_tokens(self) -> int:
+        """Tokens the host tier let go."""
+        return 0 if self.tiers is None else self.tiers.host_evicted_tokens
+
+    @property
+    def stats_storage_loaded_tokens(self) -> int:
+        """Tokens installed from storage into the host tier."""
+        return 0 if self.tiers is None else self.tiers.storage_loaded_tokens
+
+    @property
+    def stats_storage_hit_tokens(self) -> int:
+        """Of those, tokens a request loaded on to the device."""
+        return 0 if self.tiers is None else self.tiers.storage_hit_tokens
+
+    def persist(self) -> int:
+        """Write what the device and host tiers hold to storage; pages queued (0 without one)."""
+        return self.tiers.persist() if self.reads_storage else 0
+
+    def close(self) -> None:
+        """At shutdown: persist, then stop the storage tier's threads (nothing without one)."""
+        if self.reads_storage:
+            self.tiers.close()
 
     # -- a request's life ----------------------------------------------------------------------
     def aligned(self, num_tokens: int) -> int:

@@ -52,7 +52,7 @@ def check_tree(cache: Any, inflight_pages: int | None = None) -> None:
             protected += len(node.key)
         else:
             evictable += len(node.key)
-            if cache._is_device_leaf(node):
+            if cache.is_device_leaf(node):
                 leaves.add(node.id)
     if (evictable, protected) != (cache.evictable_tokens, cache.protected_tokens):
         raise CacheInvariantError(
@@ -88,7 +88,7 @@ def check_retention_flags(cache: Any) -> None:
 
 
 def check_host_tier(cache: Any) -> None:
-    """The host tier of `cache` (a `HostTieredCache`): host-only nodes form the bottom of the
+    """The host tier of `cache` (a `RadixCache` with a host tier): host-only nodes form the bottom of the
     tree and are never locked, every host page belongs to one node, and the host LRU holds
     exactly the host-only leaves."""
     size, host = cache.page_size, cache.host
@@ -112,7 +112,7 @@ def check_host_tier(cache: Any) -> None:
             raise CacheInvariantError(f"{node}: host-only node with a device-resident child")
         if not node.children:
             host_leaves.add(node.id)
-    candidates = [entry[1] for entry in cache._host_candidates]
+    candidates = [entry[1] for entry in cache.tiers.lru]
     if set(candidates) != host_leaves or len(candidates) != len(host_leaves):
         raise CacheInvariantError("host eviction candidates are not exactly the host-only leaves")
     host.allocator.check_invariants()

@@ -8,8 +8,8 @@ them on the wire):
     PagesRemoved(hashes, medium)                     pages no longer held there
     AllPagesCleared()                                nothing is held anywhere
 
-Pages are named by a **hash chain**: a page's hash is computed from its parent page's hash
-and its own token ids, so equal prefixes get equal hashes on every worker and every start, and
+Pages are named by the **block hash** (`radixkv.mem.block_hash`, in its 63-bit form): a page's
+hash is computed from its parent page's hash and its own token ids, so equal prefixes get equal hashes on every worker and every start, and
 a hash names its whole prefix. The chain of a namespace (LoRA id, cache salt) starts from a
 root derived from the namespace, so equal tokens under different namespaces never share a
 hash; the default namespace starts from zero. Hashes are 63-bit, so the same number reads as
@@ -26,11 +26,11 @@ side: it applies events and says which pages are held, and how to announce them 
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from hashlib import blake2b
 from typing import TYPE_CHECKING, Any
+
+from radixkv.mem.block_hash import id_chain, seed_digest
 
 if TYPE_CHECKING:
     from radixkv.mem.tree_node import TreeNode
@@ -92,14 +92,11 @@ def iter_chain_hashes(parent: int, token_ids: Iterable[int], page_size: int) -> 
     """`chain_hashes`, computed page by page as they are read (a reader that stops early, as
     the miss causes' ghost lookup does, hashes no further)."""
     tokens = token_ids if isinstance(token_ids, (list, tuple)) else list(token_ids)
-    pack = struct.Struct(f"<Q{page_size}q").pack
-    for start in range(0, len(tokens), page_size):
-        parent = _hash63(pack(parent, *tokens[start:start + page_size]))
-        yield parent
+    return id_chain(parent, tokens, page_size)
 
 
 def _hash63(data: bytes) -> int:
-    return int.from_bytes(blake2b(data, digest_size=8).digest(), "big") >> 1
+    return int.from_bytes(seed_digest(data, 8), "big") >> 1
 
 
 def node_hashes(node: TreeNode, page_size: int) -> list[int]:
@@ -162,7 +159,7 @@ class CacheEventLog:
 
 
 def tree_events(cache: Any) -> list[CacheEvent]:
-    """What `cache` (a `RadixCache` or `HostTieredCache`) holds now, as events from an empty
+    """What `cache` (a `RadixCache`, with or without a host tier) holds now, as events from an empty
     start: a clear, then every device page, then every host page, parents before children."""
     log = CacheEventLog(cache.page_size)
     log.cleared()
@@ -170,7 +167,7 @@ def tree_events(cache: Any) -> list[CacheEvent]:
         if node.on_device:
             log.stored(node, GPU)
     for node in cache.nodes():
-        if getattr(node, "host_pages", None) is not None:
+        if node.host_pages is not None:
             log.stored(node, CPU)
     return log.take()
 

@@ -85,3 +85,36 @@ class EvictionCandidates:
             if i == len(entries) or entries[i][0][0] > now:
                 return now
             self.rerank(entries[i][2], now)
+
+    def victims(self, num_tokens: int, page_size: int, tick: int) -> Iterator[tuple[TreeNode, int]]:
+        """The leaves to evict to free `num_tokens` tokens, lowest rank first (flags gone stale
+        re-ranked first, `expire`), each with the tokens of its edge it keeps (a multiple of
+        `page_size`: eviction takes a leaf's tail first, the deepest tokens, the last a future
+        match would reach), until that many are freed or no candidate is left. The caller evicts
+        each before asking for the next (which may make its parent a candidate); `tick` is the
+        tree's logical clock, for the policy's `on_evict`.
+
+        When the policy ranks a leaf by its tail page (`page_granular`), the victim loses pages
+        only while it stays the lowest-ranked candidate, then is re-ranked by its new tail;
+        otherwise all its pages rank alike and it loses as many as are still needed."""
+        freed = 0
+        granular = self.policy.page_granular
+        now = self.expire() if num_tokens > 0 else None
+        while freed < num_tokens and self._entries:
+            node = self.pop_lowest()
+            self.policy.on_evict(node, tick)
+            keep = len(node.key)
+            if granular:
+                # rank the runner-up afresh: a policy's ranks may drift with its learned state
+                nxt = self.lowest()
+                runner_up = self.rank(nxt, len(nxt.key), now) if nxt is not None else None
+                while keep and freed < num_tokens:
+                    keep -= page_size
+                    freed += page_size
+                    if keep and runner_up is not None and self.rank(node, keep, now) > runner_up:
+                        break
+            else:
+                drop = min(keep, -(-(num_tokens - freed) // page_size) * page_size)
+                keep -= drop
+                freed += drop
+            yield node, keep

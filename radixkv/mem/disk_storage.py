@@ -326,6 +326,10 @@ class DiskKVStorage(StorageTier):
         return out
 
     # -- life ----------------------------------------------------------------------------------
+    @property
+    def location(self) -> str:
+        return str(self.directory)
+
     def stats(self) -> dict[str, Any]:
         return {**super().stats(), "storage_dir": str(self.directory), "storage_foreign_files": self.foreign_files,
                 "storage_pending_pages": len(self._pending)}

@@ -68,20 +68,20 @@ def explain(cache: Any, prompt: Sequence[int], namespace: Any, device: int, host
     served = device + host + storage
     out = dict.fromkeys(CAUSES, 0)
     out.update(device=device, host=host, storage=storage)
-    root = getattr(cache, "root", None)
+    root = cache.root
     rest = len(prompt) - served
     if root is None or rest <= 0:
         out["new"] = max(0, rest)
         return out
     key = tuple(prompt)
     at = served
-    ghosts = getattr(cache, "ghosts", None)
+    ghosts = cache.ghosts
     if ghosts is not None and len(ghosts):
         prev = _hash_before(cache, key, at, namespace)
         if prev is not None:
             whole = (len(key) - at) // size * size
-            stored = getattr(cache, "storage_chain", None)  # the same pages' storage keys
-            skeys = stored(key, at, namespace) if stored is not None else repeat(None)
+            skeys = cache.storage_chain(key, at, namespace)  # the same pages' storage keys
+            skeys = repeat(None) if skeys is None else skeys
             for h, k in zip(iter_chain_hashes(prev, key[at:at + whole], size), skeys):
                 if h not in ghosts and k not in ghosts:
                     break
@@ -106,7 +106,7 @@ def retokenized(cache: Any, prompt: Sequence[int], namespace: Any, causes: dict[
     where the prompt's token ids part from a cached sequence, the cached sequence's text
     (`decode`d, up to `window` tokens) still goes on as the prompt's does; the prompt tokens
     whose text lies within that common text count."""
-    if not causes["new"] or getattr(cache, "root", None) is None:
+    if not causes["new"] or cache.root is None:
         return causes
     key = tuple(prompt)
     at = len(key) - causes["new"]
@@ -138,7 +138,7 @@ def _hash_before(cache: Any, key: tuple, end: int, namespace: Any) -> int | None
     root at 0); None if the tree does not hold that far."""
     if end == 0:
         return namespace_root(namespace)
-    for child, n in cache._walk(key[: end], namespace):
+    for child, n in cache.tree.walk(key[: end], namespace):
         if child.depth < end <= child.depth + n:
             return node_hashes(child, cache.page_size)[(end - child.depth) // cache.page_size - 1]
     return None
@@ -160,7 +160,7 @@ def _continuations(cache: Any, key: tuple, at: int, namespace: Any,
     the cached sequences going on from `at`: the rest of the edge the match ends inside, or the
     children of the node it ends on, at most `limit`, most recently used first)."""
     node, pos = cache.root, 0
-    for child, n in cache._walk(key[:at], namespace):
+    for child, n in cache.tree.walk(key[:at], namespace):
         node, pos = child, child.depth + n
     if pos != at:
         return 0, []

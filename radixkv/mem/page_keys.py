@@ -1,4 +1,4 @@
-"""Page keys of the storage tier: a hash chain over the token ids of a page's whole prefix.
+"""Page keys of the storage tier: the block hash (`radixkv.mem.block_hash`) of each page.
 
     key(page 0) = H(seed(identity, namespace) || tokens of page 0)
     key(page i) = H(key(page i-1)            || tokens of page i)
@@ -6,43 +6,39 @@
 `identity` names what the KV bytes depend on beyond the tokens: the model (its config, and
 each weight file's name, size and a hash of slices across it), the KV format, the page size and the pool's tensor layout (`storage_identity`).
 So a key means the same KV bytes on every start of every server with that identity, and equal
-tokens under two namespaces (cache salts) never share a key. H is BLAKE2b with a 16-byte digest:
-a collision would serve wrong KV, so the hash is cryptographic, not the 64-bit one KV events use.
+tokens under two namespaces (cache salts) never share a key. H is the block hash's 16-byte
+BLAKE2b: a collision would serve wrong KV, so the hash is cryptographic, not 63 bits wide.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from array import array
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
+
+from radixkv.mem import block_hash
+from radixkv.mem.block_hash import block_digest, seed_digest
 
 KEY_BYTES = 16
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt")
 
 
-def _h(data: bytes) -> bytes:
-    return hashlib.blake2b(data, digest_size=KEY_BYTES).digest()
-
-
 def root_key(identity: bytes, namespace: Any) -> bytes:
     """The chain's seed for one namespace (None: the shared one)."""
-    return _h(b"radixkv-root\0" + identity + b"\0" + repr(namespace).encode())
+    return seed_digest(b"radixkv-root\0" + identity + b"\0" + repr(namespace).encode(), KEY_BYTES)
 
 
 def next_key(prev: bytes, tokens: Sequence[int]) -> bytes:
     """The key of a page holding `tokens`, after the page keyed `prev` (or the root key)."""
-    return _h(prev + array("q", tokens).tobytes())
+    return block_digest(prev, tokens, KEY_BYTES)
 
 
 def chain(prev: bytes, tokens: Sequence[int], page_size: int) -> Iterator[bytes]:
     """Keys of the whole pages of `tokens`, continuing after `prev`; lazily, so a caller that
     stops at the first key it does not hold hashes no further."""
-    for start in range(0, len(tokens) - page_size + 1, page_size):
-        prev = next_key(prev, tokens[start:start + page_size])
-        yield prev
+    return block_hash.chain(prev, tokens, page_size, KEY_BYTES)
 
 
 SAMPLE_BYTES = 1 << 16

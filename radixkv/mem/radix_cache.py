@@ -1,56 +1,50 @@
-"""RadixCache: a radix tree of token prefixes over reference-counted KV pages.
+"""RadixCache: the cache manager. One radix tree of token prefixes over reference-counted KV
+pages, composed with the tiers below the device pool.
 
-Structure. Each node (`radixkv.mem.tree_node.TreeNode`) owns an edge: `key` (a tuple of token
-ids) and `pages` (the page ids that store those tokens' KV, `len(key) == len(pages) *
-page_size`). With `page_size > 1` every edge, match and split is page-aligned, so a page is never
-shared between two edges. Children are indexed by their edge's first page of tokens; at the
-root the index also carries the request's namespace, so equal tokens under different namespaces
-never share.
+Composition. The tree's shape and walks are a `radixkv.mem.radix_tree.RadixTree`; this class
+owns what the device pool's part of it means (page references, locks, eviction, retention).
+The tiers under the device (a host tier, and under it a storage tier: `HostTier`,
+`StorageTier`) are small classes plugged in through one `radixkv.mem.tier_controller.
+TierController`, the only object that moves pages between tiers; without a host tier there is
+no controller and an evicted page is gone. `radixkv.mem.make_prefix_cache` assembles them.
 
-Ownership. The tree holds one allocator reference on every page of every node. Evicting a node
-drops those references; a page is freed once no running request holds it either.
+Ownership. The tree holds one allocator reference on every device page of every node. Evicting
+a node drops those references; a page is freed once no running request holds it either.
 
 Locks. `lock(node)` adds one to `lock_ref` of the node and every ancestor (below the root), so
 `lock_ref(node) >= sum(lock_ref(child))`. A node with `lock_ref > 0` is *protected*: a running
-request reads it. A node with `lock_ref == 0` is *evictable*; only evictable *leaves* are
-eviction candidates, kept in rank order (`radixkv.mem.candidates`; see Retention).
-Evicting a leaf can turn its parent into a candidate.
+request reads it. A node with `lock_ref == 0` is *evictable*; only evictable *device leaves*
+(no child holds device pages) are eviction candidates, kept in rank order
+(`radixkv.mem.candidates`; see Retention). Evicting a leaf can turn its parent into a candidate.
 
 Retention. `retain` gives the nodes of a just-cached path a deadline (`retain_until`, seconds
-on the cache's `clock`; a client's hint, `radixkv.retention`). A candidate's rank is
-(retention, policy priority): leaves not retained come first, by the policy; retained leaves
-(deadline ahead) after all of them, earliest deadline first. Retained leaves stay evictable, so
-`evictable_tokens`, admission and reservation never change: a hint cannot block anything.
-Deadlines run out as the clock moves without anything touching the node, so a candidate's
-retained flag can be stale; `evict` first re-ranks every flagged candidate whose deadline has
-passed (each re-rank clears a flag, so it terminates), and then all flags are true at its clock
-reading. A parent's deadline is never earlier than its child's (retaining a node retains its
-path; a split copies the deadline), so a retained leaf's eviction never exposes an unretained
-parent.
+on the cache's `clock`; a client's hint, `radixkv.retention`): they are evicted after every
+unretained leaf (`radixkv.mem.candidates` ranks them, and re-ranks a deadline gone by). Retained
+leaves stay evictable, so `evictable_tokens`, admission and reservation never change: a hint
+cannot block anything. A parent's deadline is never earlier than its child's (retaining a node
+retains its path; a split copies the deadline), so a retained leaf's eviction never exposes an
+unretained parent. Retention orders device eviction only; the host tier's LRU ignores it.
 
-Matching. `peek` walks the tree and changes nothing; it may end inside an edge. `settle` splits
-that edge so the match ends on a node (the one a request locks); `record_use` moves the path's
-statistics once the request is admitted. A peek records the tree's change count (`epoch`):
-changes to what a key matches (eviction, a new leaf, a move between tiers) make `settle` match
-again, while splits never invalidate a peek (a split keeps the lower node, and `settle` finds the
-upper one by depth). The scheduler peeks and settles within one step, when nothing is inserted,
-so it matches once per request per step unless admission had to evict.
+Matching. `peek` walks the tree and changes nothing; it may end inside an edge. Past the device
+part, the key may go on through host-only nodes (`host_tokens`) and then in storage
+(`storage_tokens`). `settle` splits the edge the match ends inside so it ends on a node (the one
+a request locks); `record_use` moves the path's statistics once the request is admitted. A peek
+records the tree's change count (`epoch`): changes to what a key matches (eviction, a new leaf,
+a move between tiers) make `settle` match again, while splits never invalidate a peek (a split
+keeps the lower node, and `settle` finds the upper one by depth).
 
-Tiers. `radixkv.mem.tiered_cache.HostTieredCache` is this tree with a host tier below it; it
-overrides the hooks marked "tier hook" and nothing here knows about it.
-
-Events. With `events` set (a `radixkv.mem.cache_events.CacheEventLog`), every change to which
-pages the tree holds is recorded there: a new leaf's pages stored, evicted pages removed, a
-reset cleared (`--kv-events-config`). Splits change no page, so they record nothing.
+Events. With events recorded (`record_events`; a `radixkv.mem.cache_events.CacheEventLog`),
+every change to which pages the cache holds is recorded: a new leaf's pages stored, evicted
+pages removed, a reset cleared (`--kv-events-config`); splits record nothing.
 
 Invariants (`radixkv.mem.cache_checks`, via `check_invariants`):
   free_pages + evictable_pages + protected_pages + inflight_pages == num_pages
 where inflight pages are held by running requests and not by the tree; each tree page appears
 in exactly one node and has a reference count >= 1; the candidate set is exactly the unlocked
-leaves; `evictable_tokens` / `protected_tokens` equal the sums over unlocked / locked nodes; a
-node's `retain_until` is at most its parent's (below the root); a candidate flagged retained
-carries its node's current deadline, and one not flagged has a deadline no later than the clock
-(it was not ahead when ranked, and the clock never goes back).
+device leaves; `evictable_tokens` / `protected_tokens` equal the sums over unlocked / locked
+device-resident nodes; a node's `retain_until` is at most its parent's (below the root); a
+candidate flagged retained carries its node's current deadline, and one not flagged has a
+deadline no later than the clock. With a host tier, `check_host_tier` adds its own.
 """
 
 from __future__ import annotations
@@ -62,47 +56,69 @@ from typing import TYPE_CHECKING, Any
 
 from radixkv.errors import CacheInvariantError
 from radixkv.mem.allocator import PageAllocator
-from radixkv.mem.cache_checks import check_tree
-from radixkv.mem.candidates import EvictionCandidates
 from radixkv.mem.base import InsertResult, MatchResult, Namespace, PrefixCache
+from radixkv.mem.cache_checks import check_host_tier, check_tree
 from radixkv.mem.cache_events import GPU, CacheEventLog, node_hashes
+from radixkv.mem.candidates import EvictionCandidates
 from radixkv.mem.eviction import EvictionPolicy, make_policy
+from radixkv.mem.host_tier import HostTier
+from radixkv.mem.miss_causes import GhostIndex
+from radixkv.mem.radix_tree import RadixTree
+from radixkv.mem.storage_tier import StorageTier
+from radixkv.mem.tier_controller import TierController
 from radixkv.mem.tree_node import TreeNode
 
 if TYPE_CHECKING:
-    from radixkv.mem.miss_causes import GhostIndex
     from radixkv.retention import Retention
 
-class RadixCache(PrefixCache):
-    """Prefix cache over a `PageAllocator`; see the module docstring for the invariants."""
 
-    node_type: type[TreeNode] = TreeNode
+class RadixCache(PrefixCache):
+    """The cache manager (see the module docstring): the radix tree over `allocator`'s pages,
+    over `host_tier` and `storage` when given (their page keys seeded with `identity`)."""
 
     def __init__(self, allocator: PageAllocator, eviction_policy: str | EvictionPolicy = "lru",
-                 attention_scale: float | None = None, clock: Callable[[], float] = time.monotonic):
+                 attention_scale: float | None = None, clock: Callable[[], float] = time.monotonic, *,
+                 host_tier: HostTier | None = None, storage: StorageTier | None = None, identity: bytes = b""):
         self.allocator = allocator
         self.clock = clock  # seconds >= 0, never going back: what retention deadlines are read against
         self.page_size = allocator.page_size
         self.policy = make_policy(eviction_policy, attention_scale)
         self.events: CacheEventLog | None = None  # records page changes for KV events, when set
-        self.ghosts: GhostIndex | None = None  # hashes of pages that left the cache (miss causes), when set
-        self.reset_stats()
+        self.ghosts: GhostIndex | None = None  # names of pages that left the cache (miss causes), when set
+        if storage is not None and host_tier is None:
+            raise ValueError("a storage tier needs a host tier above it")
+        self.tiers = TierController(self, host_tier, storage, identity) if host_tier is not None else None
+        self.epoch = -1  # changes to what keys match (never reset): a peek from an earlier epoch is matched again
+        self.stats_evicted_tokens = 0
         self._init_tree()
 
     def _init_tree(self) -> None:
         self._clock = 0
-        # changes to what keys match (never reset): a peek from an earlier epoch is matched again
-        self.epoch = getattr(self, "epoch", -1) + 1
-        self.root = self.node_type((), [], None, 0)
-        self.root.lock_ref = 1  # the root is never evicted
+        self.epoch += 1
+        self.tree = RadixTree(self.page_size)
         self.candidates = EvictionCandidates(self.policy, self.clock)
         self._evictable_tokens = 0
         self._protected_tokens = 0
+        if self.tiers is not None:
+            self.tiers.reset()
 
-    def reset_stats(self) -> None:
-        self.stats_evicted_tokens = 0
+    # -- what the tree and the tiers hold --------------------------------------------------------
+    @property
+    def root(self) -> TreeNode:
+        return self.tree.root
 
-    # -- sizes ---------------------------------------------------------------------------------
+    def nodes(self) -> Iterator[TreeNode]:
+        """Every node but the root, parents before their children (for inspection and checks)."""
+        return self.tree.nodes()
+
+    @property
+    def host(self) -> HostTier | None:
+        return None if self.tiers is None else self.tiers.host
+
+    @property
+    def storage(self) -> StorageTier | None:
+        return None if self.tiers is None else self.tiers.storage
+
     @property
     def evictable_tokens(self) -> int:
         return self._evictable_tokens
@@ -115,97 +131,34 @@ class RadixCache(PrefixCache):
     def num_candidates(self) -> int:
         return len(self.candidates)
 
+    def cached_pages(self) -> set[int]:
+        pages: set[int] = set()
+        for node in self.nodes():
+            pages.update(node.pages)
+        return pages
+
     # -- lookup --------------------------------------------------------------------------------
     def _tick(self) -> int:
         self._clock += 1
         return self._clock
 
-    def _child_key(self, node: TreeNode, key: tuple, start: int, namespace: Namespace) -> Any:
-        size = self.page_size
-        first = key[start] if size == 1 else key[start : start + size]
-        return (namespace, first) if node is self.root else first
-
-    def _match_len(self, edge: tuple, key: tuple, start: int) -> int:
-        """Length of the common page-aligned prefix of `edge` and `key[start:]`."""
-        n = min(len(edge), len(key) - start)
-        if edge[:n] == key[start : start + n]:
-            return n
-        size = self.page_size
-        lo, hi = 1, n // size  # the first page is known to match (it indexed the child)
-        while lo < hi:  # largest number of matching pages, by bisection
-            mid = (lo + hi + 1) // 2
-            if edge[: mid * size] == key[start : start + mid * size]:
-                lo = mid
-            else:
-                hi = mid - 1
-        return lo * size
-
-    def _as_key(self, key: Sequence[int]) -> tuple:
-        key = key if isinstance(key, tuple) else tuple(key)
-        extra = len(key) % self.page_size
-        return key[: len(key) - extra] if extra else key
-
-    def _walk(self, key: tuple, namespace: Namespace) -> Iterator[tuple[TreeNode, int]]:
-        """(node, tokens of its edge matched) along `key`'s path; the last may match partly."""
-        node, pos = self.root, 0
-        while pos < len(key):
-            child = node.children.get(self._child_key(node, key, pos, namespace))
-            if child is None:
-                return
-            n = self._match_len(child.key, key, pos)
-            yield child, n
-            if n < len(child.key):
-                return
-            pos += n
-            node = child
-
     def peek(self, key: Sequence[int], namespace: Namespace = None) -> MatchResult:
-        key = self._as_key(key)
-        node, pos, pages = self.root, 0, []
-        for child, n in self._walk(key, namespace):
-            pages.extend(child.pages if n == len(child.key) else child.pages[: n // self.page_size])
-            node, pos = child, pos + n
-        return MatchResult(pages, pos, node, key=key, namespace=namespace, epoch=self.epoch)
+        key = self.tree.as_key(key)
+        node, pos, pages, host = self.tree.match(key, namespace)
+        match = MatchResult(pages, pos, node, host, key=key, namespace=namespace, epoch=self.epoch)
+        return match if self.tiers is None else self.tiers.storage_continuation(match)
 
     def continuation(self, key: Sequence[int], namespace: Namespace = None, limit: int = 8) -> list[int]:
-        """Up to `limit` tokens the tree holds right after the whole of `key` (token-exact, not
-        page-aligned): what followed the same sequence in an earlier request, along the most
-        recently used branch. Empty when `key`'s path leaves the tree. Changes nothing."""
-        key = key if isinstance(key, tuple) else tuple(key)
-        node, pos = self.root, 0
-        while pos < len(key):
-            child = self._child_at(node, key, pos, namespace)
-            if child is None:
-                return []
-            rest = key[pos: pos + len(child.key)]
-            if child.key[: len(rest)] != rest:
-                return []  # diverges inside the edge
-            if pos + len(child.key) >= len(key):  # key ends inside (or at the end of) this edge
-                node, out = child, list(child.key[len(rest): len(rest) + limit])
-                break
-            pos += len(child.key)
-            node = child
-        else:
-            out = []
-        while len(out) < limit and node.children:  # follow the most recent branch
-            node = max(node.children.values(), key=lambda c: c.last_access)
-            out.extend(node.key[: limit - len(out)])
-        return out
-
-    def _child_at(self, node: TreeNode, key: tuple, pos: int, namespace: Namespace) -> TreeNode | None:
-        """The child of `node` whose edge starts with key[pos:] (or its first page)."""
-        if len(key) - pos >= self.page_size:
-            return node.children.get(self._child_key(node, key, pos, namespace))
-        rest = key[pos:]  # less than a page left: any child starting with it
-        fits = [c for ck, c in node.children.items()
-                if c.key[: len(rest)] == rest and (node is not self.root or ck[0] == namespace)]
-        return max(fits, key=lambda c: c.last_access, default=None)
+        return self.tree.continuation(key, namespace, limit)
 
     def settle(self, match: MatchResult) -> MatchResult:
+        """Also ends the host continuation on a node boundary (what `load_back` brings back)."""
         if match.epoch != self.epoch:  # the tree changed under it since: match again
             match = self.peek(match.key, match.namespace)
         node = self._node_ending_at(match.last_node, match.num_tokens)
-        return match if node is match.last_node else replace(match, last_node=node)
+        match = match if node is match.last_node else replace(match, last_node=node)
+        self.host_path(match, split_end=True)
+        return match
 
     def _node_ending_at(self, node: TreeNode, end: int) -> TreeNode:
         """The node whose edge ends `end` tokens from the root, on the path through `node`
@@ -213,11 +166,18 @@ class RadixCache(PrefixCache):
         while node is not self.root and node.depth >= end:  # split since: the end is above
             node = node.parent
         if node is not self.root and end < node.end:
-            node = self._split(node, end - node.depth)
+            node = self.split(node, end - node.depth)
         return node
 
+    def host_path(self, match: MatchResult, split_end: bool = False) -> list[TreeNode]:
+        """`RadixTree.host_path`, splitting (with `split_end`) as the cache splits."""
+        return self.tree.host_path(match, self.split if split_end else None)
+
     def record_use(self, match: MatchResult) -> None:
-        self._touch_path(match.last_node, self._tick())
+        now = self._tick()
+        self._touch_path(match.last_node, now)
+        for node in self.host_path(match):
+            self.touch(node, now, hit=True)
 
     def _touch_path(self, last: TreeNode, now: int) -> None:
         """Record a hit on every node from the root down to `last`, in that order."""
@@ -226,49 +186,57 @@ class RadixCache(PrefixCache):
             path.append(last)
             last = last.parent
         for node in reversed(path):
-            self._touch(node, now, hit=True)
+            self.touch(node, now, hit=True)
+
+    def load_back(self, match: MatchResult, key: Sequence[int] | None = None,
+                  namespace: Namespace = None) -> MatchResult:
+        if not match.host_tokens:
+            return match
+        return self.tiers.load_back(match)
+
+    # -- storage keys (for miss causes) ----------------------------------------------------------
+    def storage_chain(self, key: Sequence[int], start: int, namespace: Namespace = None):
+        """The storage keys of `key`'s whole pages from token `start` on (lazily; empty if the
+        tree does not hold `key` that far); None without a storage tier."""
+        return self.tiers.keys.chain(self.tree, key, start, namespace) if self.reads_storage else None
 
     # -- mutation ------------------------------------------------------------------------------
     def insert_path(self, key: Sequence[int], pages: Sequence[int], namespace: Namespace = None) -> InsertResult:
-        key = self._as_key(key)
+        key = self.tree.as_key(key)
         size = self.page_size
         if len(pages) < len(key) // size:
             raise ValueError(f"{len(pages)} page(s) cannot hold {len(key)} tokens of key")
         now = self._tick()
         node, pos, path_pages = self.root, 0, []
         while pos < len(key):
-            ck = self._child_key(node, key, pos, namespace)
+            ck = self.tree.child_key(node, key, pos, namespace)
             child = node.children.get(ck)
             if child is None:
                 new_pages = list(pages[pos // size : len(key) // size])
                 self.allocator.incref(new_pages)
-                leaf = self.node_type(key[pos:], new_pages, node, now)
+                leaf = TreeNode(key[pos:], new_pages, node, now)
                 self.epoch += 1  # keys through here now match further
                 self.policy.on_access(leaf, now, False)
                 self._attach(node, ck, leaf)
                 if self.events is not None:
                     self.events.stored(leaf, GPU)
-                self._on_new_leaf(leaf)
+                if self.tiers is not None:
+                    self.tiers.cached(leaf)
                 path_pages.extend(new_pages)
                 return InsertResult(pos, MatchResult(path_pages, len(key), leaf, key=key, namespace=namespace,
                                                      epoch=self.epoch))
-            n = self._match_len(child.key, key, pos)
+            n = self.tree.match_len(child.key, key, pos)
             if n < len(child.key):
-                child = self._split(child, n)
+                child = self.split(child, n)
             if not child.on_device:  # the caller computed tokens a lower tier holds: adopt its pages
-                self._adopt(child, list(pages[pos // size : (pos + n) // size]))
-            self._touch(child, now, hit=False)
+                if self.tiers is None:
+                    raise CacheInvariantError(f"{child} has no device pages, and this tree has no lower tier")
+                self.tiers.adopt(child, list(pages[pos // size : (pos + n) // size]))
+            self.touch(child, now, hit=False)
             path_pages.extend(child.pages)
             pos += n
             node = child
         return InsertResult(pos, MatchResult(path_pages, pos, node, key=key, namespace=namespace, epoch=self.epoch))
-
-    def _on_new_leaf(self, leaf: TreeNode) -> None:
-        """Tier hook: a new leaf was inserted."""
-
-    def _adopt(self, node: TreeNode, pages: list[int]) -> None:
-        """Tier hook: `node` (not on the device) takes the caller's `pages` for its edge."""
-        raise CacheInvariantError(f"{node} has no device pages, and this tree has no lower tier")
 
     def _attach(self, parent: TreeNode, ck: Any, leaf: TreeNode) -> None:
         if parent.candidate is not None:  # parent stops being a leaf
@@ -278,37 +246,22 @@ class RadixCache(PrefixCache):
         self._evictable_tokens += len(leaf.key)
         self.candidates.add(leaf)
 
-    def _split(self, child: TreeNode, n: int) -> TreeNode:
-        """Split `child`'s edge after `n` tokens; returns the new upper node (`child` keeps the
-        lower part, so whoever holds it still holds the same tokens)."""
-        size = self.page_size
-        parent = child.parent
-        upper = self.node_type(child.key[:n], child.pages[: n // size], parent, child.last_access)
-        upper.lock_ref = child.lock_ref
-        upper.hit_count = child.hit_count
-        upper.created = child.created
-        upper.retain_until = child.retain_until
-        upper.child_key = child.child_key
-        if child.page_hashes is not None:
-            upper.page_hashes, child.page_hashes = child.page_hashes[: n // size], child.page_hashes[n // size :]
-        parent.children[upper.child_key] = upper
-        child.key = child.key[n:]
-        child.pages = child.pages[n // size :]
-        child.parent = upper
-        child.depth = upper.depth + n
-        child.child_key = child.key[0] if size == 1 else child.key[:size]
-        upper.children[child.child_key] = child
+    def split(self, child: TreeNode, n: int) -> TreeNode:
+        """Split `child`'s edge after `n` tokens (`RadixTree.split`); returns the upper node."""
+        upper = self.tree.split(child, n)
         if child.candidate is not None:  # its priority may depend on depth or length
             self.candidates.rerank(child)
         return upper
 
-    def _touch(self, node: TreeNode, now: int, hit: bool) -> None:
+    def touch(self, node: TreeNode, now: int, hit: bool) -> None:
         self.policy.on_access(node, now, hit)  # sees the node's statistics before this access
         node.last_access = now
         if hit:
             node.hit_count += 1
         if node.candidate is not None:
             self.candidates.rerank(node)
+        if self.tiers is not None:
+            self.tiers.touched(node, hit)
 
     # -- retention -----------------------------------------------------------------------------
     def retain(self, match: MatchResult, retention: Retention) -> None:
@@ -330,16 +283,7 @@ class RadixCache(PrefixCache):
 
     @property
     def retained_tokens(self) -> int:
-        """Device tokens whose deadline is ahead of the clock (walks only the retained part of
-        the tree: below a node whose deadline has passed, every one has)."""
-        now = self.clock()
-        total, stack = 0, [c for c in self.root.children.values() if c.retain_until > now]
-        while stack:
-            node = stack.pop()
-            if node.on_device:
-                total += len(node.key)
-            stack.extend(c for c in node.children.values() if c.retain_until > now)
-        return total
+        return self.tree.retained_tokens(self.clock())
 
     # -- locks ---------------------------------------------------------------------------------
     def lock(self, node: TreeNode) -> None:
@@ -360,58 +304,34 @@ class RadixCache(PrefixCache):
             if node.lock_ref == 0:
                 self._evictable_tokens += len(node.key)
                 self._protected_tokens -= len(node.key)
-                if self._is_device_leaf(node):
+                if self.is_device_leaf(node):
                     self.candidates.add(node)
             node = node.parent
 
     # -- eviction ------------------------------------------------------------------------------
-    def _is_device_leaf(self, node: TreeNode) -> bool:
-        """Tier hook: whether no child of `node` holds device pages (so it can be evicted)."""
-        return not node.children
+    def is_device_leaf(self, node: TreeNode) -> bool:
+        """Whether no child of `node` holds device pages (so it can be evicted)."""
+        if self.tiers is None:
+            return not node.children
+        return not any(c.on_device for c in node.children.values())
+
+    _is_device_leaf = is_device_leaf  # (the name the invariant checks and tests use)
 
     def evict(self, num_tokens: int) -> int:
-        """Evict from the lowest-ranked leaves until `num_tokens` are freed or none is left
-        (retained leaves last; flags gone stale are re-ranked first, see the module docstring).
-
-        Eviction is page-granular and takes a leaf's tail first (the deepest tokens, the last
-        a future match would reach). When the policy ranks a leaf by its tail page
-        (`page_granular`), the victim loses pages only while it stays the lowest-ranked
-        candidate, then is re-ranked by its new tail; otherwise all its pages rank alike and it
-        loses as many as are still needed.
-        """
+        """Evict the lowest-ranked leaves' tails (`EvictionCandidates.victims`: retained leaves
+        last) until `num_tokens` are freed or none is left; with a host tier the tails move there."""
         freed = 0
-        size = self.page_size
-        granular = self.policy.page_granular
-        candidates = self.candidates
-        now = candidates.expire() if num_tokens > 0 else None
-        while freed < num_tokens and candidates:
-            node = candidates.pop_lowest()
-            self.policy.on_evict(node, self._clock)
-            keep = len(node.key)
-            if granular:
-                # rank the runner-up afresh: a policy's ranks may drift with its learned state
-                nxt = candidates.lowest()
-                runner_up = candidates.rank(nxt, len(nxt.key), now) if nxt is not None else None
-                while keep and freed < num_tokens:
-                    keep -= size
-                    freed += size
-                    if keep and runner_up is not None and candidates.rank(node, keep, now) > runner_up:
-                        break
-            else:
-                drop = min(keep, -(-(num_tokens - freed) // size) * size)
-                keep -= drop
-                freed += drop
+        for node, keep in self.candidates.victims(num_tokens, self.page_size, self._clock):
+            freed += len(node.key) - keep
             self.epoch += 1
-            self._evict_tail(node, keep)
+            if self.tiers is not None:
+                self.tiers.demote(node, keep)
+            elif keep:
+                self._trim_leaf(node, keep)
+            else:
+                self.delete_leaf(node)
         self.stats_evicted_tokens += freed
         return freed
-
-    def _evict_tail(self, node: TreeNode, keep: int) -> None:
-        """Tier hook: the unlocked leaf `node` gives up its tokens past `keep`."""
-        if keep:
-            self._trim_leaf(node, keep)
-        else:
-            self._delete_leaf(node)
 
     def _trim_leaf(self, node: TreeNode, keep: int) -> None:
         if self.ghosts is not None:
@@ -427,7 +347,8 @@ class RadixCache(PrefixCache):
         self.allocator.decref(dropped)
         self.candidates.add(node)
 
-    def _delete_leaf(self, node: TreeNode) -> None:
+    def delete_leaf(self, node: TreeNode) -> None:
+        """The unlocked device leaf `node` leaves the tree, with what it holds on every tier."""
         if self.ghosts is not None:
             self.ghosts.add(node_hashes(node, self.page_size))
         if self.events is not None:
@@ -436,57 +357,32 @@ class RadixCache(PrefixCache):
         del parent.children[node.child_key]
         self._evictable_tokens -= len(node.key)
         self.allocator.decref(node.pages)
-        self._release_node(node)
+        if self.tiers is not None:
+            self.tiers.release(node)
         if parent is not self.root and parent.lock_ref == 0 and parent.candidate is None \
-                and self._is_device_leaf(parent):
+                and self.is_device_leaf(parent):
             self.candidates.add(parent)
 
-    def _release_node(self, node: TreeNode) -> None:
-        """Tier hook: `node` leaves the tree for good (what it holds below the device goes too)."""
-
     def reset(self) -> None:
+        """Empty the device and host tiers (storage keeps what it holds)."""
         if self._protected_tokens:
             raise CacheInvariantError(
                 f"reset with {self._protected_tokens} token(s) still locked by running requests"
             )
         for node in self.nodes():
             self.allocator.decref(node.pages)
-            self._release_node(node)
+            if self.tiers is not None:
+                self.tiers.release(node)
         self._init_tree()
         if self.events is not None:
             self.events.cleared()
 
     # -- inspection ----------------------------------------------------------------------------
-    def nodes(self) -> Iterator[TreeNode]:
-        """Every node but the root, parents before their children (for inspection and checks)."""
-        stack = list(self.root.children.values())
-        while stack:
-            node = stack.pop()
-            yield node
-            stack.extend(node.children.values())
-
-    def cached_pages(self) -> set[int]:
-        pages: set[int] = set()
-        for node in self.nodes():
-            pages.update(node.pages)
-        return pages
-
     def pretty(self) -> str:
         """The tree as indented text (for debugging)."""
-        lines: list[str] = []
-
-        def walk(node: TreeNode, indent: int) -> None:
-            for child in node.children.values():
-                lines.append(f"{' ' * indent}{len(child.key)} tok lock={child.lock_ref} "
-                             f"pages={child.pages[:4]}{'...' if len(child.pages) > 4 else ''}{self._describe(child)}")
-                walk(child, indent + 2)
-
-        walk(self.root, 0)
-        return "\n".join(lines)
-
-    def _describe(self, node: TreeNode) -> str:
-        """Tier hook: what `pretty` adds about `node`."""
-        return ""
+        return self.tree.pretty(self.tiers.describe if self.tiers is not None else lambda node: "")
 
     def check_invariants(self, inflight_pages: int | None = None) -> None:
         check_tree(self, inflight_pages)
+        if self.tiers is not None:
+            check_host_tier(self)

@@ -1,6 +1,6 @@
 """The storage tier: KV pages kept below the host tier, keyed by their prefix (`page_keys`).
 
-The tree decides *what* moves (`radixkv.mem.storage_cache.StorageTieredCache`); a
+The cache's tier controller decides *what* moves (`radixkv.mem.tier_controller`); a
 `StorageTier` owns the pages' index, its size budget and its LRU. The unit it stores, reads
 and evicts is a *run*: the consecutive pages of one prefix written together (one node's edge,
 one file on disk). A key is held by at most one run; a run written later skips the keys
@@ -94,6 +94,20 @@ class Fetch:
         if policy == "timeout":
             return (time.monotonic() if now is None else now) - self.started >= timeout
         return False  # wait_complete
+
+
+@dataclass(slots=True)
+class Prefetch:
+    """A read from storage for one request: the pages continuing `key` from token `start`."""
+
+    fetch: Fetch
+    key: tuple
+    namespace: Any
+    start: int
+
+    @property
+    def tokens(self) -> int:
+        return len(self.fetch.keys)
 
 
 @dataclass(slots=True)
@@ -217,6 +231,11 @@ class StorageTier:
         self.counters[key] += 1
 
     # -- life ----------------------------------------------------------------------------------
+    @property
+    def location(self) -> str:
+        """Where the stored pages are (for log lines)."""
+        return "memory"
+
     def stats(self) -> dict[str, Any]:
         return {"storage_enabled": self.enabled, "storage_total_tokens": self.config.num_pages * self.page_size,
                 "storage_used_tokens": self.stored_pages * self.page_size,

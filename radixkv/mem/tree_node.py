@@ -6,6 +6,11 @@ page of tokens (at the root, together with the request's namespace). The tree ke
 field up to date; policies may read them (see `radixkv.mem.eviction`) and keep their own state
 in `meta`. `retain_until` is a client's retention hint (`radixkv.retention`), which the cache
 ranks above any policy's priority.
+
+Where the edge's KV is: `pages` on the device (empty for a node only a lower tier holds),
+`host_pages` on the host tier (None without a copy there); `storage_keys` name its pages in the
+storage tier (`radixkv.mem.block_hash`, computed once asked for). The cache manager's tier
+controller (`radixkv.mem.tier_controller`) moves the pages and keeps these fields.
 """
 
 from __future__ import annotations
@@ -24,7 +29,8 @@ class TreeNode:
     """One edge of the radix tree (see the module docstring)."""
 
     __slots__ = ("id", "key", "pages", "parent", "children", "child_key", "lock_ref", "last_access",
-                 "hit_count", "created", "depth", "candidate", "meta", "page_hashes", "retain_until")
+                 "hit_count", "created", "depth", "candidate", "meta", "page_hashes", "retain_until",
+                 "host_pages", "host_candidate", "storage_keys", "from_storage")
 
     def __init__(self, key: tuple, pages: list[int], parent: TreeNode | None, now: int):
         self.id = next(_node_ids)
@@ -44,6 +50,10 @@ class TreeNode:
         # retention deadline, on the cache's clock (seconds; 0.0: never retained): until then the
         # node is evicted only when no unretained leaf is left. Never earlier than a child's.
         self.retain_until = 0.0
+        self.host_pages: list[int] | None = None  # host-tier copy of `key`, if any
+        self.host_candidate: tuple | None = None  # entry in the host tier's LRU, if any
+        self.storage_keys: list[bytes] | None = None  # one storage key per page, once computed
+        self.from_storage = False  # installed from storage and not yet loaded on to the device
 
     @property
     def on_device(self) -> bool:
@@ -65,24 +75,3 @@ class TreeNode:
     def __repr__(self) -> str:
         return f"TreeNode(id={self.id}, tokens={len(self.key)}, lock_ref={self.lock_ref})"
 
-
-class TieredNode(TreeNode):
-    """A node of a tree with a lower tier: its edge may also (or only) live in host pages."""
-
-    __slots__ = ("host_pages", "host_candidate")
-
-    def __init__(self, key: tuple, pages: list[int], parent: TreeNode | None, now: int):
-        super().__init__(key, pages, parent, now)
-        self.host_pages: list[int] | None = None  # host-tier copy of `key`, if any
-        self.host_candidate: tuple | None = None  # entry in the host tier's LRU, if any
-
-
-class StorageNode(TieredNode):
-    """A node of a tree with a storage tier under the host tier (`radixkv.mem.storage_cache`)."""
-
-    __slots__ = ("storage_keys", "from_storage")
-
-    def __init__(self, key: tuple, pages: list[int], parent: TreeNode | None, now: int):
-        super().__init__(key, pages, parent, now)
-        self.storage_keys: list[bytes] | None = None  # one key per page (`page_keys`), once computed
-        self.from_storage = False  # installed from storage and not yet loaded on to the device

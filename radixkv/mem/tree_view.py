@@ -22,7 +22,7 @@ def tree_nodes(cache: Any, limit: int = 200) -> dict[str, Any]:
     A node: `id`, `parent` (None under the root), `depth` (tokens above it), `tokens`,
     `preview_ids`, `hits`, `last_access` (the tree's logical clock), `tier` ("device" or
     "host"), `lock_ref`, `namespace`, `retained_until` (0: no retention hint)."""
-    root = getattr(cache, "root", None)
+    root = cache.root
     if root is None:  # the no-op cache holds nothing
         return {"nodes": [], "total_nodes": 0, "total_tokens": 0}
     rows, total_tokens = [], 0

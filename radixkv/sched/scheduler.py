@@ -27,9 +27,8 @@ from radixkv.config import EngineConfig
 from radixkv.constrained import Compiled, Refused
 from radixkv.errors import ErrorKind, InvalidRequestError
 from radixkv.grammar_spec import GrammarSpec
-from radixkv.mem import KVMemory, make_prefix_cache
-from radixkv.mem.cache_events import CacheEventLog
-from radixkv.mem.miss_causes import GhostIndex, explain, retokenized
+from radixkv.mem import KVMemory, make_cache_manager
+from radixkv.mem.miss_causes import explain, retokenized
 from radixkv.model.runner import ModelRunner
 from radixkv.model.sampler import Sampler
 from radixkv.outputs import ReqOutput
@@ -38,7 +37,7 @@ from radixkv.sched.batch import ScheduledBatch
 from radixkv.sched.kv import RequestKV
 from radixkv.sched.policy import SchedulePolicy, match_key
 from radixkv.sched.postprocess import PostProcessor
-from radixkv.sched.prefetch import Prefetcher, open_storage
+from radixkv.sched.prefetch import Prefetcher
 from radixkv.sched.request import Req, ReqStatus
 from radixkv.sched.speculative import DraftLength, make_proposer
 from radixkv.sched.stats import SchedulerStats
@@ -72,12 +71,9 @@ class Scheduler:
         self.eos_ids = frozenset(eos_ids) | frozenset(runner.model_config.eos_token_ids)
         self.page_size = config.page_size
         self.allocator = memory.allocator
-        storage, identity = self._storage(config, runner, memory)
-        self.cache = make_prefix_cache(self.allocator, config.eviction_policy, runner.model_config.attention_scale,
-                                       host_tier=memory.host, disabled=config.disable_radix_cache,
-                                       storage=storage, identity=identity)
+        self.cache = make_cache_manager(config, memory, runner.model_config.attention_scale, runner.model_dir)
         self.prefetcher = Prefetcher(self.cache, config.kv_storage_prefetch_policy,
-                                     config.kv_storage_prefetch_timeout) if storage is not None else None
+                                     config.kv_storage_prefetch_timeout) if self.cache.reads_storage else None
         self.waiting: deque[Req] = deque()
         self.running: list[Req] = []
         self.reqs: dict[str, Req] = {}
@@ -86,8 +82,7 @@ class Scheduler:
         self.policy = SchedulePolicy(config.schedule_policy, self.cache, config.starvation_limit)
         self.kv = RequestKV(memory, self.cache, config.retract_decode_steps)
         self.proposer = self._proposer(config)
-        if hasattr(self.cache, "root"):  # remember evicted pages, to tell an evicted prefix from a new one
-            self.cache.ghosts = GhostIndex()
+        self.cache.track_evicted()  # remember evicted pages, to tell an evicted prefix from a new one
         self.admission = Admission(config, self.kv, self.policy, self.stats, self.waiting, self.running,
                                    self.proposer, runner.context_length, self.prefetcher, self._explain)
         self.post = PostProcessor(Sampler(runner.device, config.random_seed), self.eos_ids, runner.context_length,
@@ -109,13 +104,6 @@ class Scheduler:
         causes["page_tail"] += len(req.prompt_ids) - len(key)
         return causes
 
-    @staticmethod
-    def _storage(config: EngineConfig, runner: ModelRunner, memory: KVMemory):
-        """(the storage tier `--kv-storage-dir` asks for, its key identity), or (None, b"")."""
-        if config.kv_storage_dir is None or memory.host is None or config.disable_radix_cache:
-            return None, b""
-        return open_storage(config, runner.model_dir, memory)
-
     def _proposer(self, config: EngineConfig):
         """The draft proposer `speculative_algorithm` names, or None (speculation off)."""
         name = config.speculative_algorithm
@@ -135,7 +123,7 @@ class Scheduler:
         from radixkv.sched.kv_events import KVEventPublisher
 
         publisher = KVEventPublisher(config.kv_events, self.page_size)
-        self.cache.events = CacheEventLog(self.page_size)
+        self.cache.record_events()
         return publisher
 
     @classmethod
@@ -353,7 +341,7 @@ class Scheduler:
         """Hand the cache's page changes since the last call to the KV event publisher, as one
         batch (the loop calls this once per iteration; nothing when publishing is off)."""
         if self.kv_events is not None:
-            events = self.cache.events.take()
+            events = self.cache.take_events()
             if events:
                 self.kv_events.publish(events)
 
@@ -374,23 +362,8 @@ class Scheduler:
             "waiting_requests": len(self.waiting) + sum(map(len, self.grammar_waiting.values())),
             "running_requests": len(self.running),
             "max_cache_retention": self.config.max_cache_retention,
-        } | self.kv.stats() | self._host_stats() | self._storage_stats() | self.runner.parallel_stats() | self.runner.compile_stats() | self.runner.moe_stats() | (
+        } | self.kv.stats() | self.cache.host_stats() | self.cache.storage_stats() | self.runner.parallel_stats() | self.runner.compile_stats() | self.runner.moe_stats() | (
             self.kv_events.stats() if self.kv_events is not None else {})
-
-    def _host_stats(self) -> dict[str, Any]:
-        host = self.memory.host
-        if host is None or self.config.disable_radix_cache:
-            return {"host_total_tokens": 0}
-        a = host.allocator
-        return {"host_total_tokens": a.total_tokens, "host_used_tokens": a.total_tokens - a.free_tokens,
-                "host_saved_tokens": host.saved_tokens, "host_loaded_tokens": host.loaded_tokens,
-                "host_evicted_tokens": self.cache.stats_host_evicted_tokens}
-
-    def _storage_stats(self) -> dict[str, Any]:
-        storage = getattr(self.cache, "storage", None)
-        if storage is None:
-            return {"storage_enabled": False}
-        return storage.stats() | {"storage_loaded_tokens": self.cache.stats_storage_loaded_tokens}
 
     def close(self) -> None:
         """Stop the grammar compiler, the KV event publisher (after its last batch), the storage
@@ -401,12 +374,7 @@ class Scheduler:
             self.recorder.close()
         if self.timeline is not None:
             self.timeline.close()
-        storage = getattr(self.cache, "storage", None)
-        if storage is not None:
-            pages = self.cache.persist()  # what the device and host tiers hold survives the restart
-            storage.close()
-            logger.info("KV storage: %d page(s) written at shutdown; %d page(s) stored in %s", pages,
-                        storage.stored_pages, storage.directory)
+        self.cache.close()  # what the device and host tiers hold is persisted to storage, if any
         if self.kv_events is not None:
             self.publish_kv_events()
             self.kv_events.close()

@@ -5,9 +5,9 @@ One JSON object a line, in arrival order, as the Mooncake release has them:
     {"timestamp": ms since the first request, "input_length": prompt tokens,
      "output_length": tokens generated, "hash_ids": [one id per `block_size` prompt tokens]}
 
-Each id names its block's whole prefix: a keyed BLAKE2b chain over the namespace and the
-blocks' token ids (the last, partial block included), truncated to 63 bits. The key is drawn
-afresh for each recording, so ids say which prompts share which prefixes and nothing about their
+Each id names its block's whole prefix: the block hash (`radixkv.mem.block_hash`) over the
+namespace and the blocks' token ids (the last, partial block included), keyed and read as a
+63-bit id. The key is drawn afresh for each recording, so ids say which prompts share which prefixes and nothing about their
 tokens, and two recordings' ids do not meet. `radixkv plan` and `radixkv.workloads.replay` read
 it back (`block_size` is in every line, for a reader that needs it).
 
@@ -17,21 +17,17 @@ A line is written once its request finished and every request that arrived befor
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import json
 import os
-from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
 
 from radixkv.errors import ConfigError
+from radixkv.mem.block_hash import block_id, chain, seed_digest
 from radixkv.sched.request import Req
-
-_MASK = (1 << 63) - 1
-
 
 class TraceRecorder:
     """Writes the requests the scheduler served to `path` (overwritten), one line each."""
@@ -54,14 +50,8 @@ class TraceRecorder:
 
     def hash_ids(self, ids: Sequence[int], namespace: Any) -> list[int]:
         """The prefix-block ids of a prompt (see the module docstring)."""
-        prev = hashlib.blake2b(repr(namespace).encode(), key=self._key, digest_size=16).digest()
-        data = array("q", ids).tobytes()  # (8 bytes a token, packed in C: a 100k-token prompt in about 1 ms)
-        step = 8 * self.block_size
-        out = []
-        for start in range(0, len(data), step):
-            prev = hashlib.blake2b(prev + data[start:start + step], key=self._key, digest_size=16).digest()
-            out.append(int.from_bytes(prev[:8], "little") & _MASK)
-        return out
+        root = seed_digest(repr(namespace).encode(), key=self._key)
+        return [block_id(d) for d in chain(root, ids, self.block_size, key=self._key, partial=True)]
 
     def arrived(self, req: Req) -> None:
         if self._start is None:

@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from radixkv.mem import HostTieredCache, PageAllocator, RadixCache, SeqPages
+from radixkv.mem import PageAllocator, RadixCache, SeqPages
 from radixkv.mem.cache_events import (
     CPU,
     GPU,
@@ -29,7 +29,7 @@ def recording(cache):
 
 def tiered(device_pages=8, host_pages=8, page_size=2, write_policy="write-back"):
     host = HostTier(HostTierConfig(host_pages, page_size, write_policy))
-    return recording(HostTieredCache(PageAllocator(device_pages, page_size), "lru", host_tier=host))
+    return recording(RadixCache(PageAllocator(device_pages, page_size), "lru", host_tier=host))
 
 
 def serve(cache, key, namespace=None):

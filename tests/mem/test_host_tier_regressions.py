@@ -5,7 +5,7 @@ freshly allocated pages are never given to a node nor freed: they leak from the 
 
 import pytest
 
-from radixkv.mem import HostTieredCache, PageAllocator
+from radixkv.mem import PageAllocator, RadixCache
 from radixkv.mem.host_tier import HostTier, HostTierConfig
 
 
@@ -20,7 +20,7 @@ class FlakyTier(HostTier):
 
 def test_failed_load_back_returns_its_device_pages():
     host = FlakyTier(HostTierConfig(num_pages=8, page_size=1))
-    cache = HostTieredCache(PageAllocator(8, 1), "lru", host_tier=host)
+    cache = RadixCache(PageAllocator(8, 1), "lru", host_tier=host)
     key = [1, 2, 3, 4]
     pages = cache.allocator.alloc(4)
     cache.insert(key, pages)
@@ -40,7 +40,7 @@ def test_host_eviction_frees_what_a_save_needs_not_just_the_shortfall():
     to have free, and its callers passed the shortfall. With 1 page free and 4 needed it freed
     up to 3 and gave up, so the evicted prefix was dropped instead of moved to the host tier."""
     host = HostTier(HostTierConfig(num_pages=5, page_size=1))
-    cache = HostTieredCache(PageAllocator(4, 1), "lru", host_tier=host)
+    cache = RadixCache(PageAllocator(4, 1), "lru", host_tier=host)
     for token in (1, 2, 3, 4):  # four one-page prefixes, moved to the host: 1 host page stays free
         pages = cache.allocator.alloc(1)
         cache.insert([token], pages)

@@ -1,7 +1,7 @@
 """Miss attribution: workloads built to produce each cause report it exactly, and the parts add
 up to the prompt."""
 
-from radixkv.mem import HostTieredCache, NoCache, PageAllocator, RadixCache
+from radixkv.mem import NoCache, PageAllocator, RadixCache
 from radixkv.mem.host_tier import HostTier, HostTierConfig
 from radixkv.mem.miss_causes import CAUSES, GhostIndex, explain, retokenized
 
@@ -63,7 +63,7 @@ def test_cached_under_another_namespace():
 
 def test_a_host_hit_and_an_eviction_from_the_host_tier():
     host = HostTier(HostTierConfig(2, 4))  # one 8-token prefix fits on the host
-    cache = HostTieredCache(PageAllocator(2, 4), "lru", host_tier=host)
+    cache = RadixCache(PageAllocator(2, 4), "lru", host_tier=host)
     cache.ghosts = GhostIndex()
     put(cache, A)
     put(cache, list(range(200, 208)))  # A goes to the host
@@ -73,12 +73,12 @@ def test_a_host_hit_and_an_eviction_from_the_host_tier():
 
 
 def test_a_storage_hit_and_an_eviction_from_the_storage_tier():
-    from radixkv.mem.storage_cache import StorageTieredCache
+    from radixkv.mem import RadixCache
     from radixkv.mem.storage_tier import StorageTier, StorageTierConfig
 
     host = HostTier(HostTierConfig(2, 4))
     storage = StorageTier(StorageTierConfig(2, 4))  # one 8-token prefix fits in storage
-    cache = StorageTieredCache(PageAllocator(2, 4), "lru", host_tier=host, storage=storage, identity=b"i" * 16)
+    cache = RadixCache(PageAllocator(2, 4), "lru", host_tier=host, storage=storage, identity=b"i" * 16)
     cache.ghosts = GhostIndex()
     for key in (A, list(range(200, 208)), list(range(300, 308))):  # A: device, host, then storage
         put(cache, key)

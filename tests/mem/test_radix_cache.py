@@ -189,11 +189,11 @@ def test_no_cache_shares_nothing_and_frees_on_finish():
 def test_loading_a_prefix_back_never_drops_it_from_the_host_to_make_room():
     """Regression: making device room for a load demotes other pages to the host; the host LRU
     must not pick the very prefix being loaded (it did, and the load read freed host pages)."""
-    from radixkv.mem import HostTieredCache
+    from radixkv.mem import RadixCache
     from radixkv.mem.host_tier import HostTier, HostTierConfig
 
     host = HostTier(HostTierConfig(num_pages=2, page_size=1))
-    cache = HostTieredCache(PageAllocator(4, 1), "lru", host_tier=host)
+    cache = RadixCache(PageAllocator(4, 1), "lru", host_tier=host)
     a, b = [1, 2], [3, 4, 5, 6]
     for key in (a, b):
         seq = SeqPages(cache.allocator)

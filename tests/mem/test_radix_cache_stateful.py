@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from radixkv.mem import POLICIES, BeladyPolicy, HostTieredCache, PageAllocator, RadixCache, SeqPages
+from radixkv.mem import POLICIES, BeladyPolicy, PageAllocator, RadixCache, SeqPages
 from radixkv.mem.tree_node import NOT_RETAINED
 from radixkv.retention import WHOLE, Retention
 from tests.mem.conftest import FakeClock
@@ -328,7 +328,7 @@ class HostCacheMachine(CacheMachine):
         self.size = page_size
         self.tier = LabelledHostTier(page_size, write_policy)
         self.clock = FakeClock()
-        self.cache = HostTieredCache(PageAllocator(NUM_PAGES, page_size), "lru", host_tier=self.tier,
+        self.cache = RadixCache(PageAllocator(NUM_PAGES, page_size), "lru", host_tier=self.tier,
                                      clock=self.clock)
         self.ref, self.host_ref, self.running, self.history, self.peeked = {}, {}, [], [], []
         self.until = {}
@@ -490,12 +490,12 @@ class StorageCacheMachine(HostCacheMachine):
     @initialize(page_size=st.sampled_from([1, 2]),
                 write_policy=st.sampled_from(["write-back", "write-through-selective"]))
     def setup(self, page_size, write_policy):
-        from radixkv.mem.storage_cache import StorageTieredCache
+        from radixkv.mem import RadixCache
 
         self.size = page_size
         self.tier, self.storage = LabelledTiers(page_size, write_policy)
         self.clock = FakeClock()
-        self.cache = StorageTieredCache(PageAllocator(NUM_PAGES, page_size), "lru", host_tier=self.tier,
+        self.cache = RadixCache(PageAllocator(NUM_PAGES, page_size), "lru", host_tier=self.tier,
                                         storage=self.storage, identity=IDENTITY, clock=self.clock)
         self.ref, self.host_ref, self.running, self.history, self.peeked = {}, {}, [], [], []
         self.until = {}

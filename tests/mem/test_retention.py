@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from radixkv.mem import POLICIES, BeladyPolicy, HostTieredCache, NoCache, PageAllocator, RadixCache, SeqPages
+from radixkv.mem import POLICIES, BeladyPolicy, NoCache, PageAllocator, RadixCache, SeqPages
 from radixkv.mem.host_tier import HostTier, HostTierConfig
 from radixkv.retention import WHOLE, Retention
 from tests.mem.conftest import FakeClock, cache_tokens
@@ -115,7 +115,7 @@ def test_every_policy_evicts_unretained_pages_before_retained_ones(policy):
 
 def test_the_host_tier_takes_unretained_prefixes_first_and_a_loaded_back_one_is_retained_again():
     clock = FakeClock()
-    cache = HostTieredCache(PageAllocator(6, 1), "lru", host_tier=HostTier(HostTierConfig(8, 1)), clock=clock)
+    cache = RadixCache(PageAllocator(6, 1), "lru", host_tier=HostTier(HostTierConfig(8, 1)), clock=clock)
     cache_tokens(cache, A, retention=Retention.whole(60))
     cache_tokens(cache, B)
     cache.evict(3)

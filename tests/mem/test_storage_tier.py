@@ -12,7 +12,7 @@ from radixkv.mem.disk_storage import SUFFIX, DiskKVStorage
 from radixkv.mem.host_tier import HostKVTier, HostTier, HostTierConfig
 from radixkv.mem.kv_pool import KVLayout, make_kv_pool
 from radixkv.mem.page_keys import chain, root_key, storage_identity
-from radixkv.mem.storage_cache import StorageTieredCache
+from radixkv.mem import RadixCache
 from radixkv.mem.storage_tier import StorageTier, StorageTierConfig
 
 A = list(range(100, 108))
@@ -24,7 +24,7 @@ IDENTITY = b"test-identity-01"
 def sim_cache(device_pages=8, host_pages=8, storage_pages=64, page_size=1, **storage_options):
     host = HostTier(HostTierConfig(host_pages, page_size))
     storage = StorageTier(StorageTierConfig(storage_pages, page_size, **storage_options))
-    return StorageTieredCache(PageAllocator(device_pages, page_size), "lru", host_tier=host, storage=storage,
+    return RadixCache(PageAllocator(device_pages, page_size), "lru", host_tier=host, storage=storage,
                               identity=IDENTITY)
 
 
@@ -114,7 +114,7 @@ def disk_cache(directory, identity=IDENTITY, device_pages=4, host_pages=4, stora
     host = HostKVTier(HostTierConfig(host_pages, layout.page_size), pool)
     storage = DiskKVStorage(StorageTierConfig(storage_pages, layout.page_size), directory, identity,
                             pool.page_shapes())
-    cache = StorageTieredCache(PageAllocator(device_pages, layout.page_size), "lru", host_tier=host,
+    cache = RadixCache(PageAllocator(device_pages, layout.page_size), "lru", host_tier=host,
                                storage=storage, identity=identity)
     return cache, pool
 

@@ -1,6 +1,6 @@
 """`tree_nodes`: the tree as records, ranked by tokens x (hits + 1), with parents, tiers and namespaces."""
 
-from radixkv.mem import HostTieredCache, NoCache, PageAllocator, RadixCache
+from radixkv.mem import NoCache, PageAllocator, RadixCache
 from radixkv.mem.host_tier import HostTier, HostTierConfig
 from radixkv.mem.tree_view import tree_nodes
 from tests.mem.conftest import cache_tokens
@@ -28,7 +28,7 @@ def test_nodes_rank_by_tokens_times_hits_and_name_their_parents_and_namespaces()
 
 def test_host_only_nodes_say_so_and_the_no_op_cache_has_none():
     host = HostTier(HostTierConfig(16, 1))
-    cache = HostTieredCache(PageAllocator(8, 1), "lru", host_tier=host)
+    cache = RadixCache(PageAllocator(8, 1), "lru", host_tier=host)
     cache_tokens(cache, [1, 2, 3, 4])
     cache.evict(4)
     assert [n["tier"] for n in tree_nodes(cache)["nodes"]] == ["host"]

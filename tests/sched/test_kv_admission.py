@@ -4,7 +4,7 @@ request must still get the current match, its host part loaded back, and nothing
 
 import torch
 
-from radixkv.mem import HostTieredCache, KVLayout, KVMemory
+from radixkv.mem import KVLayout, KVMemory, RadixCache
 from radixkv.sampling_params import SamplingParams
 from radixkv.sched.kv import RequestKV
 from radixkv.sched.request import Req
@@ -13,7 +13,7 @@ from radixkv.sched.request import Req
 def memory_and_cache(device_pages=16, host_pages=8):
     memory = KVMemory(KVLayout(1, 1, 2, 1, torch.float32), device_pages, max_reqs=4, max_context_len=64,
                       host_kv_size=str(host_pages))
-    return memory, HostTieredCache(memory.allocator, "lru", host_tier=memory.host)
+    return memory, RadixCache(memory.allocator, "lru", host_tier=memory.host)
 
 
 def cached(memory, cache, key):

@@ -1,0 +1,67 @@
+"""The one place the cache manager and its tiers are assembled.
+
+`make_cache_manager` reads a server's configuration: no cache (`--disable-radix-cache`), the
+radix tree, over the KV memory's host tier (`--host-kv-size`), over a storage tier on disk
+(`--kv-storage-dir`, its page keys seeded with the model's identity). `make_prefix_cache`
+composes given tiers (what simulators and tests build by hand).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from radixkv.kv_bytes import host_tier_pages
+from radixkv.mem.allocator import PageAllocator
+from radixkv.mem.base import PrefixCache
+from radixkv.mem.disk_storage import DiskKVStorage
+from radixkv.mem.eviction import EvictionPolicy
+from radixkv.mem.host_tier import HostTier
+from radixkv.mem.kv_memory import KVMemory
+from radixkv.mem.no_cache import NoCache
+from radixkv.mem.page_keys import model_fingerprint, storage_identity
+from radixkv.mem.radix_cache import RadixCache
+from radixkv.mem.storage_tier import StorageTier, StorageTierConfig
+
+if TYPE_CHECKING:
+    from radixkv.config import EngineConfig
+
+
+def make_prefix_cache(allocator: PageAllocator, eviction_policy: str | EvictionPolicy = "lru",
+                      attention_scale: float | None = None, host_tier: HostTier | None = None,
+                      disabled: bool = False, clock: Callable[[], float] = time.monotonic,
+                      storage: StorageTier | None = None, identity: bytes = b"") -> PrefixCache:
+    """The prefix cache a configuration asks for: none (`disabled`), the radix tree, the tree
+    over a host tier, or over a host tier and `storage` (its keys seeded with `identity`);
+    `clock` (seconds) is what retention deadlines are read against (a trace replay passes the
+    trace's time)."""
+    if disabled:
+        return NoCache(allocator)
+    return RadixCache(allocator, eviction_policy, attention_scale, clock, host_tier=host_tier, storage=storage,
+                      identity=identity)
+
+
+def make_cache_manager(config: EngineConfig, memory: KVMemory, attention_scale: float | None,
+                       model_dir: Path) -> PrefixCache:
+    """The cache `config` asks for over `memory` (its allocator and host tier), for the model
+    in `model_dir` (what the storage tier's keys are seeded with)."""
+    storage, identity = None, b""
+    if config.kv_storage_dir is not None and memory.host is not None and not config.disable_radix_cache:
+        storage, identity = open_storage(config, model_dir, memory)
+    return make_prefix_cache(memory.allocator, config.eviction_policy, attention_scale, host_tier=memory.host,
+                             disabled=config.disable_radix_cache, storage=storage, identity=identity)
+
+
+def open_storage(config: EngineConfig, model_dir: Path, memory: KVMemory) -> tuple[DiskKVStorage, bytes]:
+    """The storage tier `--kv-storage-dir` asks for, over `memory`'s pool, and its key identity."""
+    pool = memory.pool
+    shapes = pool.page_shapes()
+    identity = storage_identity(model_fingerprint(model_dir), config.kv_cache_dtype, config.page_size, shapes)
+    row_bytes = sum(t.numel() // t.shape[0] * t.element_size() for tensors in pool.storage for t in tensors)
+    pages = host_tier_pages(config.kv_storage_size, config.page_size, row_bytes, "kv_storage_size")
+    tier_config = StorageTierConfig(pages, config.page_size, config.kv_storage_write_policy,
+                                    config.kv_storage_hit_threshold, config.kv_storage_prefetch_policy,
+                                    config.kv_storage_prefetch_timeout)
+    return DiskKVStorage(tier_config, config.kv_storage_dir, identity, shapes), identity
