@@ -17,14 +17,14 @@ from radixkv.validation import RequestLimits
 EOS = 2
 
 
-def make_scheduler(num_pages=64, page_size=1, **options) -> Scheduler:
+def make_scheduler(num_pages=64, page_size=1, proposer=None, **options) -> Scheduler:
     """A scheduler over a KV pool of `num_pages` pages (the allocator keeps one back)."""
     config = EngineConfig(model="unused", page_size=page_size, **options)
     memory = KVMemory(KVLayout(1, 1, 2, page_size), num_pages, max_reqs=8, max_context_len=128)
     cache = make_prefix_cache(memory.allocator, config.eviction_policy)
     limits = RequestLimits(vocab_size=1000, context_length=128, pool_tokens=memory.allocator.total_tokens,
                            page_size=page_size, has_tokenizer=False)
-    return Scheduler(config, memory, cache, limits, eos_ids=frozenset({EOS}))
+    return Scheduler(config, memory, cache, limits, eos_ids=frozenset({EOS}), proposer=proposer)
 
 
 def request(rid, prompt, max_new_tokens=4, **params) -> Req:
@@ -165,6 +165,31 @@ def test_a_failed_forward_rolls_its_batch_back_and_ends_its_requests_with_an_err
     assert [(o.rid, o.error, o.error_kind) for o in outputs] == [
         ("r", "the model forward failed: boom", ErrorKind.INTERNAL.value)]
     assert sched.cache.peek(list(range(10, 20))).num_tokens == 0  # nothing uncomputed was cached
+    assert_idle_and_clean(sched)
+
+
+class CountingProposer:
+    """Drafts 600, 601, ... after whatever the request has."""
+
+    def propose(self, req, k):
+        return [600 + i for i in range(k)]
+
+
+def test_drafts_the_model_rejects_leave_the_kv_and_the_kept_ones_join_the_output():
+    sched = make_scheduler(proposer=CountingProposer())
+    sched.add_request(request("r", range(10, 20), max_new_tokens=8))
+    step(sched)  # prefill: first token 500
+    out = sched.schedule()
+    (row,) = out.rows
+    req = row.req
+    assert row.draft and row.tokens == [500] + row.draft and len(row.slots) == 1 + len(row.draft)
+    # the target agrees with the first draft only, then picks its own token
+    sched.update(out, ModelOutput([Sample([row.draft[0], 777])], [None]))
+    assert req.output_ids == [500, 600, 777]
+    assert req.kv_len == req.seq_len - 1  # the rejected drafts' slots are gone, the kept one stays
+    assert (req.spec_verify_ct, req.spec_accepted_tokens) == (1, 1)
+    sched.check_invariants()
+    run_to_idle(sched)
     assert_idle_and_clean(sched)
 
 
