@@ -141,7 +141,7 @@ def models(args) -> dict:
         Engine(model, max_total_tokens=8192, progress=False, log_level="warning").shutdown()  # convert, compile
         load = fresh_load_seconds(model)
         engine = Engine(model, max_total_tokens=8192, progress=False, log_level="warning")
-        runner = engine.scheduler.runner
+        runner = engine.core.runner
         try:
             prefill, b1, b8 = [], [], []
             prompt = [[(i * 37) % 500 + 10 for i in range(512)]]

@@ -144,7 +144,7 @@ def main(argv=None) -> dict:
     options = {"off": {}, "ngram": {"speculative_algorithm": "ngram"}, "radix": {"speculative_algorithm": "radix"},
                "draft": {"speculative_algorithm": "draft", "speculative_draft_model_path": str(draft_dir)}}
     engines = {m: Engine(max_total_tokens=16384, progress=False, log_level="warning", **options[m]) for m in MODES}
-    tok = engines["off"].scheduler.tokenizer
+    tok = engines["off"].core.tokenizer
     work = workloads(tok, set(args.workloads.split(",")), args.max_new_tokens)
     report = {"machine": machine(), "max_new_tokens": args.max_new_tokens, "rounds": args.rounds, "workloads": {}}
     try:

@@ -118,7 +118,7 @@ def child(args) -> None:
     one = {"max_new_tokens": 1, "temperature": 0.0}
     try:
         engine.generate(WARMUP, one)
-        tok = engine.scheduler.tokenizer
+        tok = engine.core.tokenizer
         if args.child == "serve":
             ids = prompt_ids(tok, args.prompt_tokens)
             first = engine.generate(input_ids=ids, sampling_params=one)["meta_info"]

@@ -1,4 +1,4 @@
-"""Engine: the offline, in-process API (model runner + scheduler + tokenizer, no HTTP).
+"""Engine: the offline, in-process API (an `EngineCore` + tokenizer, no HTTP).
 
     import radixkv
     with radixkv.Engine() as engine:                      # embedded default model
@@ -13,7 +13,7 @@ meta_info also holds `output_token_logprobs` ([[logprob, token_id], ...]), with
 prompt token has no log-prob: None), and with `top_logprobs_num > 0` the `output_top_logprobs` /
 `input_top_logprobs` alternatives.
 
-Thread-safe: one loop (`SchedulerLoop`) drives the scheduler and hands each output to the
+Thread-safe: one loop (`SchedulerLoop`) drives the engine core and hands each output to the
 caller waiting for that request, so any number of threads may generate, stream, abort, flush or
 read stats at once, and streams may interleave. There is no background thread: a caller that is
 waiting for an output and finds nobody driving runs the loop itself, one step at a time, so a
@@ -33,13 +33,14 @@ from dataclasses import astuple
 from typing import Any
 
 from radixkv.config import EngineConfig
+from radixkv.core import EngineCore
+from radixkv.core.loop import AbortRequest, AddRequest, CallCore, QueueInbox, SchedulerLoop, Stop
 from radixkv.errors import EngineError, InvalidRequestError, RadixKVError
 from radixkv.logs import setup_logging
-from radixkv.sched import Req, ReqOutput, Scheduler
+from radixkv.sched import Req, ReqOutput
 from radixkv.results import Collected
 from radixkv.retention import Retention
 from radixkv.sampling_params import LogprobParams, SamplingParams
-from radixkv.sched.loop import AbortRequest, AddRequest, CallScheduler, QueueInbox, SchedulerLoop, Stop
 from radixkv.tokenizer import TextStream, trim_stop_string
 
 logger = logging.getLogger(__name__)
@@ -52,16 +53,16 @@ class Engine:
     def __init__(self, model: str | None = None, *, progress: bool = True, **options: Any):
         self.config = EngineConfig.from_kwargs(model=model, **options)
         setup_logging(self.config.log_level)
-        self.scheduler = Scheduler.load(self.config, progress=progress)
-        self.runner = self.scheduler.runner
-        self.tokenizer = self.scheduler.tokenizer
+        self.core = EngineCore.load(self.config, progress=progress)
+        self.runner = self.core.runner
+        self.tokenizer = self.core.tokenizer
         self._inbox = QueueInbox()
         self._waiters: dict[str, queue.SimpleQueue[ReqOutput]] = {}  # rid -> its caller's queue
         self._lock = threading.Lock()  # guards _waiters and _closed
         self._driving = threading.Lock()  # held by the one thread running the loop
         self._dedicated_drivers = 0  # threads in run_until: they drive, everyone else waits
         self._closed = False
-        self._loop = SchedulerLoop(self.scheduler, self._deliver)
+        self._loop = SchedulerLoop(self.core, self._deliver)
 
     # -- generation ------------------------------------------------------------------------------
     def generate(
@@ -157,8 +158,8 @@ class Engine:
         """Stop request `rid`, returning everything it holds; whether it was in flight. Its
         caller gets what it produced so far, with finish_reason "abort"."""
 
-        def abort(s: Scheduler) -> bool:
-            out = s.abort(rid)
+        def abort(core: EngineCore) -> bool:
+            out = core.abort(rid)
             if out is not None:
                 self._deliver([out])
             return out is not None
@@ -166,7 +167,7 @@ class Engine:
         return self._call(abort)
 
     def run_until(self, done) -> None:
-        """Drive the scheduler on this thread until `done()` is true: for a thread that waits
+        """Drive the engine core on this thread until `done()` is true: for a thread that waits
         while others submit the work (torch computes fastest on a process's main thread, so
         `run_batch` of the frontend drives from there)."""
         with self._lock:
@@ -189,14 +190,14 @@ class Engine:
     # -- control and stats -----------------------------------------------------------------------
     def flush_cache(self) -> bool:
         """Empty the prefix cache; False (nothing done) while requests are in flight."""
-        return self._call(lambda s: s.flush_cache())
+        return self._call(lambda core: core.flush_cache())
 
     def get_stats(self) -> dict[str, Any]:
         """Cache hit rate, token usage, free/evictable/protected tokens, queue lengths, counters."""
-        return self._call(lambda s: s.get_stats())
+        return self._call(lambda core: core.get_stats())
 
     def check_invariants(self) -> None:
-        self._call(lambda s: s.check_invariants())
+        self._call(lambda core: core.check_invariants())
 
     def shutdown(self) -> None:
         """Abort whatever is in flight (its callers get `EngineError`) and release the model and
@@ -209,8 +210,8 @@ class Engine:
             self._inbox.put(Stop())
             while self._loop.run_once(self._inbox) is not None:
                 pass
-        self.scheduler.close()  # the grammar compiler and the other tensor-parallel ranks, if any
-        del self.scheduler, self.runner, self._loop
+        self.core.close()  # the grammar compiler and the other tensor-parallel ranks, if any
+        del self.core, self.runner, self._loop
 
     def __enter__(self) -> Engine:
         return self
@@ -269,9 +270,9 @@ class Engine:
                         self._inbox.put(AbortRequest(req.rid))
 
     def _call(self, fn):
-        """Run `fn(scheduler)` between two steps of the loop (after the commands sent before it)
+        """Run `fn(core)` between two steps of the loop (after the commands sent before it)
         and return its result."""
-        command = CallScheduler(fn)
+        command = CallCore(fn)
         with self._lock:
             self._check_open()
             self._inbox.put(command)
@@ -350,7 +351,7 @@ class Engine:
             try:
                 req = Req(uuid.uuid4().hex, toks, SamplingParams.from_dict(params), namespace=ns,
                           logprob=LogprobParams(*lp), retention=retention)
-                self.scheduler.validate(req)
+                self.core.validate(req)
             except RadixKVError as e:
                 raise type(e)(str(e) if single else f"request [{i}]: {e}") from None
             reqs.append(req)

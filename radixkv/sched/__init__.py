@@ -1,4 +1,5 @@
-"""Scheduling: requests, batches, policies and the continuous-batching loop."""
+"""Scheduling: requests, policies, admission, the requests' KV memory and the scheduler that
+decides each step of continuous batching (the engine core, `radixkv.core`, runs them)."""
 
 from radixkv.outputs import ReqOutput
 from radixkv.sched.stats import SchedulerStats

@@ -15,29 +15,20 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from radixkv.config import EngineConfig
 from radixkv.sched.kv import BatchRow, RequestKV
 from radixkv.sched.policy import InBatchPrefixes, SchedulePolicy, match_key
 from radixkv.sched.prefetch import Prefetcher
+from radixkv.sched.records import ScheduleOutput
 from radixkv.sched.request import Req, ReqStatus
 from radixkv.sched.stats import SchedulerStats
 
 logger = logging.getLogger(__name__)
 
 
-@dataclass(slots=True)
-class Schedule:
-    """What one forward runs: `rows[:num_decode]` decode one token each, the rest are prefill
-    chunks."""
-
-    rows: list[BatchRow]
-    num_decode: int
-
-
 class Admission:
-    """Builds each step's `Schedule` over the scheduler's `waiting` queue and `running` list."""
+    """Builds each step's `ScheduleOutput` over the scheduler's `waiting` queue and `running` list."""
 
     def __init__(self, config: EngineConfig, kv: RequestKV, policy: SchedulePolicy, stats: SchedulerStats,
                  waiting: deque[Req], running: list[Req], proposer=None, context_length: int | None = None,
@@ -48,7 +39,7 @@ class Admission:
         self.prefetcher = prefetcher  # storage reads that waiting requests may wait on
         self.explain = explain  # a request's prompt split by cause (miss attribution), at first admission
 
-    def schedule(self) -> Schedule | None:
+    def schedule(self) -> ScheduleOutput | None:
         """The next forward's rows, or None when nothing can run."""
         decode, retracted = self._decode_rows()
         budget = max(1, self.config.max_prefill_tokens - len(decode))  # prefill always progresses
@@ -57,7 +48,7 @@ class Admission:
             # every running request is stuck mid-prefill for lack of pages: the latest yields
             self.retract(max(self.running, key=lambda r: r.arrival_time))
             rows = self._prefill_rows(self.config.max_prefill_tokens, admit=True)
-        return Schedule(rows, len(decode)) if rows else None
+        return ScheduleOutput(rows, len(decode)) if rows else None
 
     def retract(self, req: Req) -> None:
         """Give `req`'s KV back (it goes into the tree) and queue it again, first."""

@@ -1,6 +1,8 @@
-"""After a forward: prompt log-probs, grammar masks, sampling, output log-probs, the stop rules,
-and jump-forward over text a grammar forces. Decides each sampled request's next token and
-whether it finished; releasing what a finished request holds is the scheduler's.
+"""After a forward, on the scheduler's side: append each sampled request's tokens under the stop
+rules, accept them into its grammar (and jump forward over text it forces), keep the drafts
+verification kept. Decides each sampled request's next tokens and whether it finished;
+releasing what a finished request holds is the scheduler's. The tokens themselves come sampled
+(`radixkv.core.sampling`): nothing here sees a logit.
 """
 
 from __future__ import annotations
@@ -10,14 +12,11 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
-from radixkv.model.sampler import Sampler, SamplingRow
-from radixkv.sched.batch import ScheduledBatch
-from radixkv.sched.logprobs import token_logprobs
+from radixkv.sched.kv import BatchRow
+from radixkv.sched.records import ModelOutput, Sample, ScheduleOutput
 from radixkv.sched.request import Req
 from radixkv.sched.stats import SchedulerStats
-from radixkv.sched.stop import Decoder, finish_reason, suppressed_ids
+from radixkv.sched.stop import Decoder, finish_reason
 
 logger = logging.getLogger(__name__)
 
@@ -33,70 +32,41 @@ class Sampled:
 
 
 class PostProcessor:
-    """Turns a forward's logits into tokens, log-probs and finish decisions."""
+    """Turns a forward's sampled tokens into each request's output and finish decision."""
 
-    def __init__(self, sampler: Sampler, eos_ids: frozenset[int], context_length: int, decoder: Decoder | None,
-                 vocab_size: int, stats: SchedulerStats):
-        self.sampler, self.eos_ids, self.context_length = sampler, eos_ids, context_length
-        self.decoder, self.vocab_size, self.stats = decoder, vocab_size, stats
+    def __init__(self, eos_ids: frozenset[int], context_length: int, decoder: Decoder | None,
+                 stats: SchedulerStats):
+        self.eos_ids, self.context_length, self.decoder, self.stats = eos_ids, context_length, decoder, stats
 
-    def process(self, batch: ScheduledBatch, logits: torch.Tensor) -> list[Sampled]:
-        """logits (N, V): the rows `batch.layout` names. Appends each sampled request's token
-        (and any tokens its grammar forces) and returns the sampled requests."""
-        sampling, sample_rows, verified = [], [], []
-        for row, lay in zip(batch.rows, batch.layout):
-            if lay.prompt:
-                self._record_prompt_logprobs(row.req, logits[lay.prompt[0]: lay.prompt[-1] + 1], lay.positions)
-            if lay.sample is not None and lay.drafts:
-                verified.append(self._verify(row.req, row.draft, logits[lay.sample: lay.sample + lay.drafts + 1]))
-            elif lay.sample is not None:
-                sampling.append(row.req)
-                sample_rows.append(lay.sample)
-        if not sampling:
-            return verified
-        if not batch.all_samples:  # some rows were prompt log-probs or drafts: keep the sampling rows
-            logits = logits[torch.tensor(sample_rows, dtype=torch.int64, device=logits.device)]
-        wants = [i for i, r in enumerate(sampling) if r.logprob.return_logprob and r.params.max_new_tokens]
-        raw = logits[wants].clone() if wants else None  # the model's own distribution, before sampling edits it
-        self._apply_grammars(sampling, logits)
-        rows = [SamplingRow(r.params, r.generator, r.output_ids, r.prompt_ids, suppressed_ids(r, self.eos_ids))
-                for r in sampling]
-        tokens = self.sampler.sample(logits, rows)
-        if wants:
-            self._record_output_logprobs([sampling[i] for i in wants], raw, [tokens[i] for i in wants])
-        return verified + [self._take(req, token) for req, token in zip(sampling, tokens)]
+    def process(self, out: ScheduleOutput, result: ModelOutput) -> list[Sampled]:
+        """Record the prompt log-probs, append each sampled request's tokens (and any its
+        grammar forces) and return the sampled requests: those that verified drafts first, then
+        the others, each in batch order."""
+        for row, prompt in zip(out.rows, result.prompt_logprobs):
+            if prompt:
+                row.req.logprobs.prompt.update(prompt)
+        verified, plain = [], []
+        for row, sample in zip(out.rows, result.samples):
+            if sample is not None:
+                (verified if row.draft else plain).append((row, sample))
+        return [self._verify(row, sample) for row, sample in verified] + [
+            self._sampled(row.req, sample) for row, sample in plain]
 
-    def _verify(self, req: Req, draft: list[int], logits: torch.Tensor) -> Sampled:
-        """Keep the drafts the target agrees with, plus its own next token (`Sampler.verify`);
-        append them one by one under the stop rules. logits (k + 1, V)."""
-        base = list(req.output_ids)
+    def _sampled(self, req: Req, sample: Sample) -> Sampled:
+        if sample.logprobs is not None:
+            self._record_logprobs(req, sample, 0)
+        return self._take(req, sample.tokens[0])
 
-        def row_at(i: int) -> SamplingRow:
-            return SamplingRow(req.params, req.generator, base + draft[:i], req.prompt_ids,
-                               suppressed_ids(req, self.eos_ids, ahead=i))
-
-        raw = logits.clone() if req.logprob.return_logprob else None  # before masks edit it
-        grammar, advanced = req.grammar, [0]
-
-        def mask_at(i: int, lg: torch.Tensor) -> None:  # the grammar's state after draft[:i]
-            from radixkv.constrained import allocate_mask, apply_mask
-
-            while advanced[0] < i and grammar.accept(draft[advanced[0]]):  # drafts were cut to what it allows
-                advanced[0] += 1
-            mask = allocate_mask(1, self.vocab_size)
-            grammar.fill_mask(mask, 0)
-            apply_mask(lg, mask, [0])
-
-        kept = self.sampler.verify(logits, draft, row_at, mask_at if grammar is not None else None)
-        if grammar is not None:
-            grammar.rollback(advanced[0])  # `_take` accepts what was kept, as decoding would
+    def _verify(self, row: BatchRow, sample: Sample) -> Sampled:
+        """Append the kept drafts and the target's own token one by one under the stop rules."""
+        req, draft, kept = row.req, row.draft, sample.tokens
         accepted = len(kept) - 1  # drafts the target agreed with
         taken = 0
         for token in kept:
             before = len(req.output_ids)
             sampled = self._take(req, token)
-            if raw is not None and req.params.max_new_tokens:
-                self._record_output_logprobs([req], raw[taken: taken + 1], [token])
+            if sample.logprobs is not None:
+                self._record_logprobs(req, sample, taken)
             taken += 1
             # finished, or the grammar forced text after it (jump-forward): what the target scored
             # after this token no longer follows it
@@ -124,36 +94,11 @@ class PostProcessor:
             reason = self._advance_grammar(req, token, reason)
         return Sampled(req, reason)
 
-    def _record_output_logprobs(self, reqs: list[Req], raw: torch.Tensor, tokens: list[int]) -> None:
-        top_n = max(r.logprob.top_n for r in reqs)
-        lps, tops = token_logprobs(raw, tokens, top_n)
-        for k, req in enumerate(reqs):
-            req.logprobs.output.append(lps[k])
-            if req.logprob.top_n:
-                req.logprobs.output_top.append(tops[k][: req.logprob.top_n])
-
-    def _record_prompt_logprobs(self, req: Req, logits: torch.Tensor, positions: list[int]) -> None:
-        """logits (n, V) at `positions` score the prompt tokens one position later."""
-        lps, tops = token_logprobs(logits, [req.prompt_ids[p + 1] for p in positions], req.logprob.top_n)
-        for k, p in enumerate(positions):
-            req.logprobs.prompt[p + 1] = (lps[k], tops[k] if tops else None)
-
-    def _apply_grammars(self, sampling: list[Req], logits: torch.Tensor) -> None:
-        """Mask the logits (N, V) of constrained rows to the tokens their grammar allows next.
-
-        Masks are filled on this thread after the forward: at about 3-20 µs a row they cost
-        well under 1 % of a CPU forward, so overlapping them with it would not pay here."""
-        rows = [i for i, r in enumerate(sampling) if r.grammar is not None and r.params.max_new_tokens]
-        if not rows:
-            return
-        from radixkv.constrained import allocate_mask, apply_mask
-
-        start = time.perf_counter()
-        mask = allocate_mask(len(sampling), self.vocab_size)  # (N, ceil(V / 32)) int32 bits
-        for i in rows:
-            sampling[i].grammar.fill_mask(mask, i)
-        apply_mask(logits, mask, rows)
-        self.stats.grammar_mask_seconds += time.perf_counter() - start
+    @staticmethod
+    def _record_logprobs(req: Req, sample: Sample, i: int) -> None:
+        req.logprobs.output.append(sample.logprobs[i])
+        if req.logprob.top_n:
+            req.logprobs.output_top.append(sample.top_logprobs[i])
 
     def _advance_grammar(self, req: Req, token: int, reason: dict[str, Any] | None) -> dict[str, Any] | None:
         """Accept the sampled token; then append whatever text the grammar forces (jump-forward),

@@ -1,19 +1,20 @@
-"""The scheduler: continuous batching over the radix cache.
+"""The scheduler: decides each step of continuous batching over the radix cache; runs nothing.
 
 One request's life, top to bottom (each step's details live in their own module):
-  add_request  -> validated; its grammar, if any, compiled off this loop    (constrained)
-               -> queued (WAITING)
-  step         -> receive  compiled grammars: their requests join the queue
-                  admit    decode rows, then prefill chunks: match prefix, lock it, reserve
-                           pages, write req_to_token                         (admission, kv)
-                  run      one forward: store K/V, attention, logits          (model runner)
-                  sample   prompt log-probs, masks, tokens, stop rules        (postprocess)
-                  cache    each extend's computed prompt goes into the tree; a finished
-                           request's prompt + output too, then its lock, pages and row go back
-                  emit     one output per request that produced something    (ReqOutput)
-  publish_kv_events -> the tree's page changes of the step, one batch (--kv-events-config)
+  accept    -> checked, queued (WAITING); a constrained one waits apart while the engine core
+               compiles its grammar (`grammar_compiled` / `grammar_refused` end the wait)
+  schedule  -> decode rows, then prefill chunks: match prefix, lock it, reserve pages, write
+               req_to_token: a `ScheduleOutput`                              (admission, kv)
+  (the engine core runs it and samples: a `ModelOutput`)
+  update    -> append tokens under the stop rules                           (postprocess)
+               each extend's computed prompt goes into the tree; a finished request's prompt +
+               output too, then its lock, pages and row go back; one output per request that
+               produced something                                           (ReqOutput)
 Under memory pressure admission evicts, decode evicts then retracts running requests (their
 KV goes into the tree, they re-queue at the front); nothing fails for lack of pages alone.
+
+No model, sampler or tensor here: a test drives `schedule` and `update` with a hand-made
+`ModelOutput` over a small `KVMemory` and prefix cache.
 """
 
 from __future__ import annotations
@@ -21,76 +22,63 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 from radixkv.config import EngineConfig
-from radixkv.constrained import Compiled, Refused
 from radixkv.errors import ErrorKind, InvalidRequestError
 from radixkv.grammar_spec import GrammarSpec
-from radixkv.mem import KVMemory, make_cache_manager
+from radixkv.mem import KVMemory, PrefixCache
 from radixkv.mem.miss_causes import explain, retokenized
-from radixkv.model.runner import ModelRunner
-from radixkv.model.sampler import Sampler
 from radixkv.outputs import ReqOutput
 from radixkv.sched.admission import Admission
-from radixkv.sched.batch import ScheduledBatch
 from radixkv.sched.kv import RequestKV
 from radixkv.sched.policy import SchedulePolicy, match_key
 from radixkv.sched.postprocess import PostProcessor
 from radixkv.sched.prefetch import Prefetcher
+from radixkv.sched.records import ModelOutput, ScheduleOutput
 from radixkv.sched.request import Req, ReqStatus
-from radixkv.sched.speculative import DraftLength, make_proposer
+from radixkv.sched.speculative import DraftLength, Proposer
 from radixkv.sched.stats import SchedulerStats
 from radixkv.sched.stop import Decoder
-from radixkv.sched.timeline import open_timeline
-from radixkv.sched.trace_recorder import open_recorder
-from radixkv.tp.launch import load_runner
 from radixkv.validation import RequestLimits, check_request
 
-if TYPE_CHECKING:
-    from radixkv.sched.kv_events import KVEventPublisher
-
 logger = logging.getLogger(__name__)
-GRAMMAR_WAIT_SECONDS = 0.005  # an idle step with grammars compiling waits this long for them
 
 
 class Scheduler:
-    """Continuous batching over the radix cache for one `ModelRunner` (see the module docstring).
+    """Decides continuous batching over `cache` and `memory`'s pool (see the module docstring).
 
-    Not thread-safe: one caller drives `add_request`, `step` and `abort` (in the Engine and the
-    server, that is `SchedulerLoop`). `memory` is the KV memory the runner computes into.
-    """
+    Not thread-safe: one caller drives it (the engine core, on `SchedulerLoop`'s thread), except
+    `validate`. `limits` are what the model and pool allow; `decoder` (the tokenizer) checks
+    stop strings and attributes misses to re-tokenized text; `proposer` drafts tokens for
+    speculative decoding; `prefetcher` reads waiting requests' pages from the storage tier.
+    `on_accept` / `on_finish` callbacks (telemetry) see every request as it is accepted and as
+    it finishes."""
 
-    def __init__(self, config: EngineConfig, runner: ModelRunner, memory: KVMemory,
-                 decoder: Decoder | None = None, eos_ids: frozenset[int] = frozenset()):
+    def __init__(self, config: EngineConfig, memory: KVMemory, cache: PrefixCache, limits: RequestLimits,
+                 eos_ids: frozenset[int] = frozenset(), decoder: Decoder | None = None,
+                 proposer: Proposer | None = None, prefetcher: Prefetcher | None = None,
+                 stats: SchedulerStats | None = None):
         self.config = config
-        self.runner = runner
         self.memory = memory
+        self.cache = cache
+        self.limits = limits
         self.decoder = decoder
-        self.tokenizer = None  # set by `load`
-        self.eos_ids = frozenset(eos_ids) | frozenset(runner.model_config.eos_token_ids)
-        self.page_size = config.page_size
-        self.allocator = memory.allocator
-        self.cache = make_cache_manager(config, memory, runner.model_config.attention_scale, runner.model_dir)
-        self.prefetcher = Prefetcher(self.cache, config.kv_storage_prefetch_policy,
-                                     config.kv_storage_prefetch_timeout) if self.cache.reads_storage else None
+        self.proposer = proposer
+        self.prefetcher = prefetcher
+        self.stats = stats if stats is not None else SchedulerStats()
         self.waiting: deque[Req] = deque()
         self.running: list[Req] = []
         self.reqs: dict[str, Req] = {}
         self.grammar_waiting: dict[GrammarSpec, list[Req]] = {}  # requests whose grammar is compiling
-        self.stats = SchedulerStats()
-        self.policy = SchedulePolicy(config.schedule_policy, self.cache, config.starvation_limit)
-        self.kv = RequestKV(memory, self.cache, config.retract_decode_steps)
-        self.proposer = self._proposer(config)
-        self.cache.track_evicted()  # remember evicted pages, to tell an evicted prefix from a new one
+        self.on_accept: list[Callable[[Req], None]] = []
+        self.on_finish: list[Callable[[Req], None]] = []
+        self.policy = SchedulePolicy(config.schedule_policy, cache, config.starvation_limit)
+        self.kv = RequestKV(memory, cache, config.retract_decode_steps)
         self.admission = Admission(config, self.kv, self.policy, self.stats, self.waiting, self.running,
-                                   self.proposer, runner.context_length, self.prefetcher, self._explain)
-        self.post = PostProcessor(Sampler(runner.device, config.random_seed), self.eos_ids, runner.context_length,
-                                  decoder, runner.model_config.vocab_size, self.stats)
-        self._grammars = None  # GrammarService, started by the first constrained request
-        self.timeline = open_timeline(config.timeline_file)
-        self.recorder = open_recorder(config.record_trace, config.record_trace_block_size)
-        self.kv_events = self._kv_event_publisher(config)
+                                   proposer, limits.context_length, prefetcher, self._explain)
+        self.post = PostProcessor(eos_ids, limits.context_length, decoder, self.stats)
 
     def _explain(self, req: Req) -> dict[str, int]:
         """`req`'s prompt by cause, at its first admission (see `radixkv.mem.miss_causes`). The
@@ -99,106 +87,52 @@ class Scheduler:
         key = match_key(req)
         device = req.cached_tokens - req.host_hit_tokens - req.storage_hit_tokens
         causes = explain(self.cache, key, req.namespace, device, req.host_hit_tokens, req.storage_hit_tokens)
-        if self.tokenizer is not None:
-            causes = retokenized(self.cache, key, req.namespace, causes, self.tokenizer.decode)
+        if self.decoder is not None:
+            causes = retokenized(self.cache, key, req.namespace, causes, self.decoder.decode)
         causes["page_tail"] += len(req.prompt_ids) - len(key)
         return causes
 
-    def _proposer(self, config: EngineConfig):
-        """The draft proposer `speculative_algorithm` names, or None (speculation off)."""
-        name = config.speculative_algorithm
-        if name is None:
-            return None
-        if name == "draft":
-            from radixkv.sched.draft_model import DraftModelProposer
-
-            return DraftModelProposer.load(config, self.runner)
-        return make_proposer(name, self.cache)
-
-    def _kv_event_publisher(self, config: EngineConfig) -> KVEventPublisher | None:
-        """The KV event publisher `kv_events_config` asks for, with the cache recording for it;
-        None when off (the cache then records nothing)."""
-        if not config.kv_events.enabled:
-            return None
-        from radixkv.sched.kv_events import KVEventPublisher
-
-        publisher = KVEventPublisher(config.kv_events, self.page_size)
-        self.cache.record_events()
-        return publisher
-
-    @classmethod
-    def load(cls, config: EngineConfig, progress: bool = True) -> Scheduler:
-        """The model runner, its KV memory and tokenizer (for stop strings), and a scheduler over
-        them, all from one `EngineConfig`; `scheduler.tokenizer` is None for a bare checkpoint."""
-        from radixkv.tokenizer import Tokenizer
-
-        runner = load_runner(config, progress=progress)
-        try:
-            tokenizer = Tokenizer.from_model_dir(runner.model_dir)
-            eos = tokenizer.eos_token_ids if tokenizer else frozenset()
-            scheduler = cls(config, runner, runner.memory, tokenizer, eos)
-        except BaseException:
-            runner.close()  # the other tensor-parallel ranks, if any
-            raise
-        scheduler.tokenizer = tokenizer
-        return scheduler
-
     # -- requests in and out ---------------------------------------------------------------------
     def add_request(self, req: Req) -> None:
-        """Validate and queue; raises `InvalidRequestError` and changes nothing if `req` is bad.
+        """Check and queue `req` (one without a grammar to compile); raises
+        `InvalidRequestError` and changes nothing if it is bad."""
+        self.check(req)
+        self.accept(req)
 
-        A constrained request waits apart while its grammar compiles (off this loop)."""
+    def check(self, req: Req) -> None:
+        """Whether `req` may be accepted now: a fresh id, and it could ever run here."""
         if req.rid in self.reqs:
             raise InvalidRequestError(f"request id {req.rid!r} is already in use")
         self.validate(req)
+
+    def accept(self, req: Req, grammar_compiling: bool = False) -> None:
+        """`req` passed `check`: it is the scheduler's until it finishes. Queued now, or when its
+        grammar (`req.params.grammar`) has compiled if `grammar_compiling`."""
         if req.retention is not None:  # --max-cache-retention caps every hint (0: none is kept)
             req.retention = req.retention.capped(self.config.max_cache_retention) or None
         if self.proposer is not None:
             req.spec = DraftLength.start(self.config.speculative_num_draft_tokens, self.stats.spec_recent_rate)
-        spec = req.params.grammar
-        if spec is not None:
-            grammars = self.grammar_compiler()
-            known = grammars.result(spec)
-            if isinstance(known, Refused):
-                raise InvalidRequestError(known.message)
-            if known is None:
-                grammars.submit(spec)
-                self.grammar_waiting.setdefault(spec, []).append(req)
-                self._accept(req)
-                return
-            req.grammar = grammars.matcher(known)
-        self._accept(req)
-        self._queue(req)
-
-    def _accept(self, req: Req) -> None:
-        """`req` passed its checks: it is the scheduler's until `_finish`."""
         self.reqs[req.rid] = req
-        if self.recorder is not None:
-            self.recorder.arrived(req)
+        for hook in self.on_accept:
+            hook(req)
+        if grammar_compiling:
+            self.grammar_waiting.setdefault(req.params.grammar, []).append(req)
+        else:
+            self.waiting.append(req)
 
-    def _queue(self, req: Req) -> None:
-        if req.params.seed is not None:
-            req.generator = Sampler.request_generator(req.params.seed, self.runner.device)
-        self.waiting.append(req)
+    def grammar_compiled(self, spec: GrammarSpec, matcher: Callable[[], Any]) -> None:
+        """`spec` compiled: each request waiting for it gets its own `matcher()` and is queued."""
+        for req in self.grammar_waiting.pop(spec, []):
+            req.grammar = matcher()
+            self.waiting.append(req)
 
-    def grammar_compiler(self):
-        """The `GrammarService` compiling this model's grammars (started on first use)."""
-        if self._grammars is None:
-            if self.tokenizer is None:
-                raise InvalidRequestError("constrained decoding needs the model's tokenizer, which this "
-                                          "checkpoint lacks")
-            from radixkv.constrained import GrammarBudget, GrammarService
-
-            budget = GrammarBudget(self.config.grammar_compile_timeout, self.config.grammar_compile_memory_bytes)
-            self._grammars = GrammarService(self.runner.model_dir, self.tokenizer.hf,
-                                            self.runner.model_config.vocab_size, self.eos_ids, budget)
-        return self._grammars
-
-    @property
-    def limits(self) -> RequestLimits:
-        """What any request here must fit: vocabulary, context, the pool's capacity."""
-        return RequestLimits(self.runner.model_config.vocab_size, self.runner.context_length,
-                             self.allocator.total_tokens, self.page_size, self.decoder is not None)
+    def grammar_refused(self, spec: GrammarSpec, message: str, kind: ErrorKind) -> list[ReqOutput]:
+        """`spec` cannot be compiled: the requests waiting for it end with that error."""
+        outputs = []
+        for req in self.grammar_waiting.pop(spec, []):
+            self._finish(req, {"type": "abort", "message": message})
+            outputs.append(req.take_output(message, kind))
+        return outputs
 
     def validate(self, req: Req) -> None:
         """Whether `req` could ever run here (raises `InvalidRequestError` naming the field).
@@ -232,81 +166,59 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running or self.grammar_waiting)
 
-    # -- the loop --------------------------------------------------------------------------------
-    def step(self) -> list[ReqOutput]:
-        """Run one forward over a mixed batch: a decode token for every decoding request plus
-        prefill chunks of admitted requests.
+    @property
+    def only_compiling(self) -> bool:
+        """Every request in flight waits for its grammar."""
+        return bool(self.grammar_waiting) and not self.waiting and not self.running
 
-        If the forward raises, the batch's new KV slots are rolled back (so nothing that was
-        never computed can reach the cache) and its requests end with an error output; the
-        other requests keep running.
-        """
-        start = time.perf_counter()
-        outputs = self._receive_grammars()
+    # -- one step: decide, then take the result back ---------------------------------------------
+    def schedule(self) -> ScheduleOutput:
+        """The next forward: a decode token for every decoding request plus prefill chunks of
+        admitted requests (pages reserved, request-table rows written). No rows when nothing can
+        run; then a queue head that cannot start even in an idle pool (validation should make
+        that impossible) ends rather than spin, in `finished`."""
         if self.prefetcher is not None:
             self.prefetcher.poll(self.waiting)
-        schedule = self.admission.schedule()
-        if schedule is None:
-            return outputs + self._idle()
-        batch = ScheduledBatch.build(schedule.rows, schedule.num_decode, self.runner.device)
-        forward_start = time.perf_counter()
-        try:
-            logits = self.runner.forward(batch.forward)  # (N, V): the rows batch.layout names
-        except Exception as e:
-            logger.exception("model forward failed; ending the %d request(s) of its batch", len(batch.rows))
-            self._rollback(batch)
-            return outputs + self._fail(batch.reqs, f"the model forward failed: {type(e).__name__}: {e}")
-        except BaseException:
-            self._rollback(batch)
-            raise
-        forward_time = time.perf_counter() - forward_start
-        for sampled in self.post.process(batch, logits):
+        decided = self.admission.schedule()
+        if decided is not None:
+            return decided
+        if not self.waiting or self.running:
+            return ScheduleOutput([], 0)
+        if self.prefetcher is not None and self.prefetcher.pending:  # requests wait on storage reads
+            self.prefetcher.wait(0.002)
+            return ScheduleOutput([], 0)
+        req = self.waiting.popleft()
+        logger.error("request %s cannot be admitted into an idle pool; aborting it", req.rid)
+        self._finish(req, {"type": "abort", "message": "cannot fit in the KV pool even when idle"})
+        return ScheduleOutput([], 0, [req.take_output()])
+
+    def update(self, out: ScheduleOutput, result: ModelOutput) -> list[ReqOutput]:
+        """Take the forward of `out` back: append the sampled tokens, finish requests that stop
+        (their pages go back, the tree keeps prompt + output), put computed prompt chunks in the
+        tree; one output per request that produced something.
+
+        A failed forward (`result.error`) rolls the batch's new KV slots back (so nothing that
+        was never computed reaches the cache) and ends its requests with the error."""
+        if result.error is not None:
+            self.rollback(out)
+            return self._fail(out.reqs, result.error)
+        outputs = []
+        for sampled in self.post.process(out, result):
             if sampled.rejected:  # drafts it did not keep: their KV goes before anything is cached
                 self.kv.rollback(sampled.req, sampled.rejected)
             if sampled.finish is not None:
                 self._finish(sampled.req, sampled.finish)
             outputs.append(sampled.req.take_output())
-        for row in batch.rows[batch.num_decode:]:  # share computed prompts with later requests
+        for row in out.rows[out.num_decode:]:  # share computed prompts with later requests
             if row.req.status is ReqStatus.RUNNING:
                 self.kv.cache_chunk(row.req)
-        seconds = time.perf_counter() - start
-        self.stats.record_step(batch.num_decode, batch.num_prefill_tokens, seconds, forward_time)
-        if self.timeline is not None:
-            self.timeline.step(forward_start, forward_time, seconds, batch.num_decode, batch.num_prefill_tokens,
-                               [r.rid for r in batch.reqs])
-        if self.config.log_level == "debug":
-            self.check_invariants()
         return outputs
 
-    def _receive_grammars(self, wait: float = 0.0) -> list[ReqOutput]:
-        """Requests whose grammar is now compiled join the queue; refused ones end with an error."""
-        if self._grammars is None or not self.grammar_waiting:
-            return []
-        outputs = []
-        for spec, result in self._grammars.poll(wait):
-            for req in self.grammar_waiting.pop(spec, []):
-                if isinstance(result, Compiled):
-                    req.grammar = self._grammars.matcher(result)
-                    self._queue(req)
-                else:
-                    self._finish(req, {"type": "abort", "message": result.message})
-                    outputs.append(req.take_output(result.message, result.kind))
-        return outputs
-
-    def _idle(self) -> list[ReqOutput]:
-        """Nothing can run: wait briefly for compiling grammars, or, if the queue head cannot
-        start in an idle pool (validation should make that impossible), end it rather than spin."""
-        if self.grammar_waiting and not self.waiting and not self.running:
-            return self._receive_grammars(GRAMMAR_WAIT_SECONDS)
-        if not self.waiting or self.running:
-            return []
-        if self.prefetcher is not None and self.prefetcher.pending:  # requests wait on storage reads
-            self.prefetcher.wait(0.002)
-            return []
-        req = self.waiting.popleft()
-        logger.error("request %s cannot be admitted into an idle pool; aborting it", req.rid)
-        self._finish(req, {"type": "abort", "message": "cannot fit in the KV pool even when idle"})
-        return [req.take_output()]
+    def rollback(self, out: ScheduleOutput) -> None:
+        """`out` never ran: its new KV slots held nothing."""
+        for row in out.rows:
+            if row.req.status is ReqStatus.RUNNING:
+                self.kv.rollback(row.req, len(row.tokens))
 
     def _fail(self, reqs: list[Req], message: str) -> list[ReqOutput]:
         outputs = []
@@ -315,11 +227,6 @@ class Scheduler:
                 self._finish(req, {"type": "abort", "message": message})
                 outputs.append(req.take_output(message, ErrorKind.INTERNAL))
         return outputs
-
-    def _rollback(self, batch: ScheduledBatch) -> None:
-        for row in batch.rows:
-            if row.req.status is ReqStatus.RUNNING:
-                self.kv.rollback(row.req, len(row.tokens))
 
     def _finish(self, req: Req, reason: dict[str, Any]) -> None:
         if self.prefetcher is not None:
@@ -331,20 +238,10 @@ class Scheduler:
         req.finish_time = time.perf_counter()
         self.stats.finished_requests += 1
         del self.reqs[req.rid]
-        if self.timeline is not None:
-            self.timeline.finished(req)
-        if self.recorder is not None:
-            self.recorder.finished(req)
+        for hook in self.on_finish:
+            hook(req)
 
     # -- cache control, checks and stats ---------------------------------------------------------
-    def publish_kv_events(self) -> None:
-        """Hand the cache's page changes since the last call to the KV event publisher, as one
-        batch (the loop calls this once per iteration; nothing when publishing is off)."""
-        if self.kv_events is not None:
-            events = self.cache.take_events()
-            if events:
-                self.kv_events.publish(events)
-
     def flush_cache(self) -> bool:
         """Drop every cached prefix; refused (False) while requests are queued or running."""
         if self.has_work:
@@ -358,28 +255,9 @@ class Scheduler:
         self.kv.check(self.running, list(self.waiting) + compiling, idle=not self.has_work)
 
     def get_stats(self) -> dict[str, Any]:
+        """Counters, queue lengths and the KV pool's and tree's token counts."""
         return self.stats.to_dict() | {
             "waiting_requests": len(self.waiting) + sum(map(len, self.grammar_waiting.values())),
             "running_requests": len(self.running),
             "max_cache_retention": self.config.max_cache_retention,
-        } | self.kv.stats() | self.cache.host_stats() | self.cache.storage_stats() | self.runner.parallel_stats() | self.runner.compile_stats() | self.runner.moe_stats() | (
-            self.kv_events.stats() if self.kv_events is not None else {})
-
-    def close(self) -> None:
-        """Stop the grammar compiler, the KV event publisher (after its last batch), the storage
-        tier's threads (after its writes in flight) and the other tensor-parallel ranks, if any.
-        The recorded trace and the timeline are written first: a slow storage flush must not
-        lose them to a process killed while it waits."""
-        if self.recorder is not None:
-            self.recorder.close()
-        if self.timeline is not None:
-            self.timeline.close()
-        self.cache.close()  # what the device and host tiers hold is persisted to storage, if any
-        if self.kv_events is not None:
-            self.publish_kv_events()
-            self.kv_events.close()
-        if self._grammars is not None:
-            self._grammars.close()
-        if hasattr(self.proposer, "close"):
-            self.proposer.close()
-        self.runner.close()
+        } | self.kv.stats()

@@ -2,13 +2,14 @@
 
 A decoding request with drafts `d_1..d_k` runs `[last token, d_1, .., d_k]` as one extend row
 (causal over the drafts, after its KV); the forward returns k + 1 logits rows, row i scoring
-the token after `d_1..d_i`. Post-processing (`radixkv.sched.postprocess`) takes the target's
+the token after `d_1..d_i`. The executor's sampling (`radixkv.core.sampling`) takes the target's
 token at each row in turn (`Sampler.verify`): while it equals the draft, the draft is accepted;
 the first that differs (or the row after the last draft) is the target's own token, so every
 step yields the accepted drafts plus one token and the output is exactly what decoding one by
-one gives (greedy), or has the target's distribution (sampling: the speculative-sampling rule).
-The K/V of rejected drafts is dropped (`RequestKV.rollback`), so only tokens of the output ever
-reach the radix cache.
+one gives (greedy), or has the target's distribution (sampling: the speculative-sampling rule);
+the scheduler appends them under the stop rules (`radixkv.sched.postprocess`). The K/V of
+rejected drafts is dropped (`RequestKV.rollback`), so only tokens of the output ever reach the
+radix cache.
 
 Proposers (`speculative_algorithm`), behind `Proposer.propose(req, k)`:
 - `ngram`: prompt lookup -- the longest recent n-gram of the request's own tokens that occurred

@@ -1,4 +1,4 @@
-"""The scheduler process: model runner + scheduler, the same `SchedulerLoop` the Engine runs,
+"""The scheduler process: an `EngineCore`, driven by the same `SchedulerLoop` the Engine runs,
 fed from a ZMQ socket instead of a queue.
 
     PULL  <- tokenizer manager: GenerateRequest, AbortMsg, ControlRequest
@@ -17,6 +17,8 @@ from typing import Any
 import zmq
 
 from radixkv.config import EngineConfig
+from radixkv.core import EngineCore
+from radixkv.core.loop import AbortRequest, AddRequest, CallCore, Command, SchedulerLoop, Stop
 from radixkv.errors import ErrorKind, RadixKVError
 from radixkv.ipc import (
     AbortMsg,
@@ -34,15 +36,14 @@ from radixkv.ipc import (
 from radixkv.mem.tree_view import MAX_NODES, tree_nodes
 from radixkv.outputs import ReqOutput
 from radixkv.procs import PARENT_POLL_MS, become_child, parent_alive
-from radixkv.sched import Req, Scheduler
-from radixkv.sched.loop import AbortRequest, AddRequest, CallScheduler, Command, SchedulerLoop, Stop
+from radixkv.sched import Req
 from radixkv.server.sockets import Endpoints
 
 CONTROLS = {"flush_cache": lambda s: {"flushed": s.flush_cache()}, "stats": lambda s: s.get_stats(),
             "cache_tree": lambda s: tree_nodes(s.cache, MAX_NODES)}
 
 
-def scheduler_info(scheduler: Scheduler, config: EngineConfig) -> dict[str, Any]:
+def scheduler_info(scheduler: EngineCore, config: EngineConfig) -> dict[str, Any]:
     """What the HTTP process needs to know: limits for validation, the pool, the config."""
     mc = scheduler.runner.model_config
     return {"limits": scheduler.limits.to_dict(), "model_dir": str(scheduler.runner.model_dir),
@@ -106,7 +107,7 @@ class ZmqInbox:
             if fn is None:
                 self.reply.send(encode(ControlReply(msg.call_id, False, {"error": f"unknown control {msg.kind!r}"})))
                 return None
-            command = CallScheduler(fn)
+            command = CallCore(fn)
             command.future.add_done_callback(lambda f, cid=msg.call_id: self._answer(cid, f))
             return command
         self.logger.error("unexpected %s on the scheduler's socket", type(msg).__name__)
@@ -131,7 +132,7 @@ def run_scheduler_process(config: EngineConfig, endpoints: Endpoints, parent_pid
     to_tokenizer.connect(endpoints.tokenizer)
     try:
         start = time.perf_counter()
-        scheduler = Scheduler.load(config, progress=True)
+        scheduler = EngineCore.load(config, progress=True)
         logger.info("scheduler ready in %.1f s", time.perf_counter() - start)
     except RadixKVError as e:
         to_tokenizer.send(encode(SchedulerFailed(str(e))))

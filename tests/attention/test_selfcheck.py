@@ -46,7 +46,7 @@ def test_the_engine_falls_back_to_torch_and_says_so(monkeypatch, tiny_model_dir)
                 log_level="error") as engine:
         assert engine.runner.backend.name == "torch"
         assert "triton decode" in engine.runner.backend_fallback
-        info = scheduler_info(engine.scheduler, engine.config)
+        info = scheduler_info(engine.core, engine.config)
         assert info["attention_backend"] == "torch" and "triton decode" in info["attention_backend_fallback"]
         out = engine.generate(input_ids=[1, 2, 3], sampling_params={"max_new_tokens": 4, "temperature": 0})
         assert len(out["output_ids"]) == 4

@@ -33,22 +33,22 @@ def tiny_engine(tiny_model_dir):
 
 @pytest.fixture
 def tiny_scheduler(tiny_model_dir):
-    """tiny_scheduler(**options) -> a bare Scheduler on the tiny Llama, stepped by the test itself
-    (an Engine's own thread would race a test that steps its scheduler)."""
+    """tiny_scheduler(**options) -> a bare EngineCore on the tiny Llama, stepped by the test
+    itself (an Engine's own thread would race a test that steps its engine core)."""
     from radixkv.config import EngineConfig
-    from radixkv.sched import Scheduler
+    from radixkv.core import EngineCore
 
     def make(**options):
         opts = dict(max_total_tokens=1024, max_running_requests=8, log_level="warning")
-        return Scheduler.load(EngineConfig(model=str(tiny_model_dir("llama")), **{**opts, **options}),
-                              progress=False)
+        return EngineCore.load(EngineConfig(model=str(tiny_model_dir("llama")), **{**opts, **options}),
+                               progress=False)
 
     return make
 
 
 def assert_idle_and_clean(engine):
     """Nothing running, nothing locked, every page free or evictable, invariants hold (an
-    Engine or a bare Scheduler)."""
+    Engine or a bare EngineCore)."""
     s = engine.get_stats()
     assert s["running_requests"] == s["waiting_requests"] == 0
     assert s["protected_tokens"] == 0

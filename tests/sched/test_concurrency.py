@@ -7,7 +7,7 @@ import pytest
 from radixkv.errors import ErrorKind, InvalidRequestError
 from radixkv.sampling_params import SamplingParams
 from radixkv.sched import Req
-from radixkv.sched.loop import AddRequest, SchedulerLoop
+from radixkv.core.loop import AddRequest, SchedulerLoop
 from tests.sched.conftest import assert_idle_and_clean, greedy, workload
 
 

@@ -120,7 +120,7 @@ def test_bad_grammar_in_a_batch_refuses_the_batch_before_anything_runs(default_e
 def test_compiled_grammars_are_cached_by_source(default_engine):
     params = {"max_new_tokens": 4, "temperature": 0, "regex": r"[0-9]{2}"}
     default_engine.generate("Two digits:", params)
-    compiler = default_engine.scheduler.grammar_compiler()
+    compiler = default_engine.core.grammar_compiler()
     hits = compiler.hits
     default_engine.generate("Two more digits:", params)
     assert compiler.hits == hits + 1

@@ -99,11 +99,12 @@ def test_aborting_a_request_whose_grammar_compiles_leaves_nothing_waiting(chat_m
     """Found in review: the abort left an empty waiting list behind, so the scheduler counted
     work it did not have (flush_cache answered 'busy' until the compile ended)."""
     from radixkv.config import EngineConfig
+    from radixkv.core import EngineCore
     from radixkv.sampling_params import SamplingParams
-    from radixkv.sched import Req, Scheduler
+    from radixkv.sched import Req
 
-    sched = Scheduler.load(EngineConfig(model=chat_model, max_total_tokens=1024, log_level="warning"),
-                           progress=False)
+    sched = EngineCore.load(EngineConfig(model=chat_model, max_total_tokens=1024, log_level="warning"),
+                            progress=False)
     try:
         req = Req("slow", [1, 2, 3], SamplingParams(max_new_tokens=4, json_schema=SLOW_SCHEMA))
         sched.add_request(req)

@@ -51,7 +51,7 @@ def test_host_tier_keeps_a_quantised_pool_quantised():
     engine = Engine(max_total_tokens=240, page_size=16, host_kv_size="4MiB", kv_cache_dtype="int8",
                     progress=False, log_level="debug")
     try:
-        host = engine.scheduler.memory.host
+        host = engine.core.memory.host
         assert host.nbytes <= 4 * 2**20 and host.allocator.total_tokens >= 320  # fp32 would hold 91
         a = prompt(TOPICS[0])
         engine.generate(a, GREEDY)

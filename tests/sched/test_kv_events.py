@@ -243,9 +243,9 @@ def test_the_engine_publishes_what_its_tree_holds_through_evictions_and_a_flush(
               "replay_endpoint": f"tcp://127.0.0.1:{replay}", "topic": "kv", "buffer_steps": 3}
     engine = tiny_engine(page_size=4, max_total_tokens=96, host_kv_size="32", compile="off",
                          kv_events_config=json.dumps(config))
-    info = engine.scheduler.kv_events.describe()
+    info = engine.core.kv_events.describe()
     sub = Subscriber(info["endpoint"], info["replay_endpoint"], "kv", 4)
-    cache = engine.scheduler.cache
+    cache = engine.core.cache
     system = list(range(10, 34))
     try:
         for tails in ([[100, 101, 102]], [[100, 101, 103, 104], [200, 7, 8, 9, 10, 11]], [list(range(400, 460))]):

@@ -15,8 +15,8 @@ def test_abort_of_waiting_and_running_requests_frees_everything(tiny_scheduler):
         sched.add_request(r)
     for _ in range(4):
         sched.step()
-    running = [r.rid for r in sched.running]
-    waiting = [r.rid for r in sched.waiting]
+    running = [r.rid for r in sched.scheduler.running]
+    waiting = [r.rid for r in sched.scheduler.waiting]
     assert running and waiting
     out = sched.abort(running[0])
     assert out.finished and out.finish_reason["type"] == "abort"

@@ -27,7 +27,7 @@ def engine():
 
 
 def test_each_cause_is_reported_and_the_totals_only_grow(engine):
-    tok = engine.scheduler.tokenizer
+    tok = engine.core.tokenizer
     ids = tok.encode(TEXT)
     n = len(ids)
     first = causes(engine.generate(input_ids=ids, sampling_params=ONE))

@@ -89,7 +89,7 @@ def test_a_request_that_cannot_be_admitted_yet_does_not_evict_the_cache(tiny_sch
     sched.add_request(big)
     evicted_before = sched.cache.stats_evicted_tokens
     sched.step()
-    assert big in sched.waiting  # it does not fit yet, and evicting the cache would not help
+    assert big in sched.scheduler.waiting  # it does not fit yet, and evicting the cache would not help
     assert sched.cache.stats_evicted_tokens == evicted_before
     while sched.has_work:
         sched.step()
@@ -99,10 +99,10 @@ def test_a_request_that_cannot_be_admitted_yet_does_not_evict_the_cache(tiny_sch
 def test_a_request_counts_no_hit_on_what_it_inserted_itself(tiny_engine):
     engine = tiny_engine(eviction_policy="lfu")
     engine.generate(input_ids=list(range(10, 30)), sampling_params=greedy(3))
-    hits = [n.hit_count for n in engine.scheduler.cache.nodes()]
+    hits = [n.hit_count for n in engine.core.cache.nodes()]
     assert hits and all(h == 0 for h in hits)
     engine.generate(input_ids=list(range(10, 30)), sampling_params=greedy(1))
-    assert max(n.hit_count for n in engine.scheduler.cache.nodes()) == 1
+    assert max(n.hit_count for n in engine.core.cache.nodes()) == 1
 
 
 @pytest.mark.parametrize("namespace,message", [

@@ -124,7 +124,7 @@ def run(model_dir, prompts=PROMPTS, params=GREEDY, repeats=2, **options):
         for _ in range(repeats):
             outs = engine.generate(input_ids=prompts, sampling_params=params)
         stats = engine.get_stats()
-        tree_paths = [path for path in cached_paths(engine.scheduler.cache)]
+        tree_paths = [path for path in cached_paths(engine.core.cache)]
     return [o["output_ids"] for o in outs], outs, stats, tree_paths
 
 

@@ -69,9 +69,9 @@ def test_a_rid_used_again_keeps_every_line(tiny_scheduler, tmp_path):
     sched.add_request(Req("long", SYSTEM, SamplingParams(max_new_tokens=200, temperature=0)))
     for extra in range(1, 11):  # one after another, each finished while "long" still runs
         sched.add_request(Req("x", SYSTEM + [7] * extra, SamplingParams(max_new_tokens=1, temperature=0)))
-        while "x" in sched.reqs:
+        while "x" in sched.scheduler.reqs:
             sched.step()
-    assert "long" in sched.reqs
+    assert "long" in sched.scheduler.reqs
     sched.close()  # writes "long" with what it generated, then the ten behind it
     lines = [json.loads(line) for line in path.read_text().splitlines()]
     assert [r["input_length"] for r in lines] == [24, *range(25, 35)]

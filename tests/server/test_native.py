@@ -115,7 +115,7 @@ def test_tokenize_and_detokenize(server, default_engine):
 def test_tokenize_and_detokenize_in_vllms_shape(server, default_engine):
     """vLLM's clients (`vllm bench serve`) send {"model", "prompt"} and read "tokens", "count"
     and "max_model_len"; /detokenize takes "tokens" and answers "prompt"."""
-    hf = default_engine.scheduler.tokenizer.hf
+    hf = default_engine.core.tokenizer.hf
     with server.client() as c:
         got = c.post("/tokenize", json={"model": "default", "prompt": "Hello there"}).json()
         assert got["tokens"] == hf("Hello there", add_special_tokens=True).input_ids == got["input_ids"]

@@ -1,12 +1,12 @@
-"""SchedulerLoop: the one loop that drives a Scheduler.
+"""SchedulerLoop: the one loop that drives an `EngineCore`.
 
 Whoever uses the runtime -- the in-process `Engine`, or the server's scheduler process -- talks
-to the scheduler through one loop body, run by one thread at a time:
+to the engine core through one loop body, run by one thread at a time:
 
     apply every command in the inbox: add a request, abort one, or call a function on the
-        scheduler (flush the cache, read stats)
+        engine core (flush the cache, read stats)
     if there is work: step once and hand every output to `deliver`
-    publish the iteration's KV cache events, if the scheduler publishes them
+    publish the iteration's KV cache events, if the engine core publishes them
 
 The scheduler process runs it forever (`run`), blocking on its ZMQ socket while idle. The
 Engine runs it one iteration at a time (`run_once`) on whichever calling thread is waiting for
@@ -27,8 +27,8 @@ from typing import Any, Protocol
 
 from radixkv.errors import ErrorKind, RadixKVError, kind_of_error
 from radixkv.outputs import ReqOutput
+from radixkv.core.engine_core import EngineCore
 from radixkv.sched.request import Req
-from radixkv.sched.scheduler import Scheduler
 
 logger = logging.getLogger(__name__)
 
@@ -44,10 +44,10 @@ class AbortRequest:
 
 
 @dataclass(frozen=True, slots=True)
-class CallScheduler:
-    """Run `fn(scheduler)` on the loop's thread; its result (or exception) lands in `future`."""
+class CallCore:
+    """Run `fn(core)` on the loop's thread; its result (or exception) lands in `future`."""
 
-    fn: Callable[[Scheduler], Any]
+    fn: Callable[[EngineCore], Any]
     future: Future = field(default_factory=Future)
 
 
@@ -56,7 +56,7 @@ class Stop:
     """End the loop (after aborting whatever is in flight)."""
 
 
-Command = AddRequest | AbortRequest | CallScheduler | Stop
+Command = AddRequest | AbortRequest | CallCore | Stop
 
 
 class Inbox(Protocol):
@@ -86,10 +86,10 @@ class QueueInbox:
 
 
 class SchedulerLoop:
-    """Applies commands to `scheduler`, steps it while it has work, delivers every output."""
+    """Applies commands to `core`, steps it while it has work, delivers every output."""
 
-    def __init__(self, scheduler: Scheduler, deliver: Callable[[list[ReqOutput]], None]):
-        self.scheduler = scheduler
+    def __init__(self, core: EngineCore, deliver: Callable[[list[ReqOutput]], None]):
+        self.core = core
         self.deliver = deliver
 
     def run(self, inbox: Inbox) -> None:
@@ -103,46 +103,46 @@ class SchedulerLoop:
             if isinstance(command, Stop):
                 raise RuntimeError("Stop must go through run_once")
             self.apply(command)
-        self.scheduler.publish_kv_events()
+        self.core.publish_kv_events()
 
     def run_once(self, inbox: Inbox, block: bool = False) -> bool | None:
         """One iteration: apply the inbox's commands (waiting for one if `block` and idle), then
         step if there is work. Whether anything happened; None after a `Stop`."""
-        commands = inbox.receive(block=block and not self.scheduler.has_work)
+        commands = inbox.receive(block=block and not self.core.has_work)
         for command in commands:
             if isinstance(command, Stop):
                 self.abort_all("the runtime is shutting down")
-                self.scheduler.publish_kv_events()
+                self.core.publish_kv_events()
                 return None
             self.apply(command)
-        stepped = self.scheduler.has_work
+        stepped = self.core.has_work
         if stepped:
-            self.deliver(self.scheduler.step())
-        self.scheduler.publish_kv_events()  # what the commands and the step changed, one batch
+            self.deliver(self.core.step())
+        self.core.publish_kv_events()  # what the commands and the step changed, one batch
         return stepped or bool(commands)
 
     def apply(self, command: Command) -> None:
-        s = self.scheduler
+        core = self.core
         if isinstance(command, AddRequest):
             try:
-                s.add_request(command.req)
+                core.add_request(command.req)
             except RadixKVError as e:
                 self.deliver([ReqOutput.failed(command.req.rid, str(e), kind_of_error(e))])
         elif isinstance(command, AbortRequest):
-            out = s.abort(command.rid)
+            out = core.abort(command.rid)
             if out is not None:
                 self.deliver([out])
-        elif isinstance(command, CallScheduler):
+        elif isinstance(command, CallCore):
             if command.future.set_running_or_notify_cancel():
                 try:
-                    command.future.set_result(command.fn(s))
+                    command.future.set_result(command.fn(core))
                 except Exception as e:  # the caller gets the exception, the loop goes on
                     command.future.set_exception(e)
         else:
-            raise TypeError(f"unknown scheduler command {command!r}")
+            raise TypeError(f"unknown loop command {command!r}")
 
     def abort_all(self, message: str) -> None:
         """End every request in flight with an error output (unavailable: try again elsewhere)."""
-        outputs = [self.scheduler.abort(rid, message, ErrorKind.UNAVAILABLE) for rid in list(self.scheduler.reqs)]
+        outputs = [self.core.abort(rid, message, ErrorKind.UNAVAILABLE) for rid in list(self.core.scheduler.reqs)]
         if outputs:
             self.deliver([o for o in outputs if o is not None])

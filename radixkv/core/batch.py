@@ -1,9 +1,10 @@
-"""ScheduledBatch: the rows of one forward, and which logits rows belong to which request.
+"""ScheduledBatch: a `ScheduleOutput`'s rows laid out as one forward, and which logits rows
+belong to which request.
 
 The layout is computed once, here: per request in order, the rows scoring its prompt tokens
 (when it asked for prompt log-probs) and then, if this forward ends its pending tokens, the row
-it samples from. The forward returns exactly those rows; post-processing reads them by this
-layout.
+it samples from. The forward returns exactly those rows; sampling (`radixkv.core.sampling`)
+reads them by this layout.
 """
 
 from __future__ import annotations
