@@ -145,7 +145,7 @@ async def parse(request: Request, model: type[T]) -> T:
 
 
 BODY_MODELS: dict[str, type[BaseModel]] = {}
-"""The request models the OpenAPI document publishes (`radixkv.server.http_app`)."""
+"""The request models the OpenAPI document publishes (`radixkv.server.http.app`)."""
 
 
 def request_body(model: type[BaseModel]) -> dict[str, Any]:

@@ -11,7 +11,15 @@ from fastapi import APIRouter, Request
 from radixkv.errors import InvalidRequestError
 from radixkv.results import Collected
 from radixkv.sampling_params import LogprobParams, SamplingParams
-from radixkv.server.http_common import (
+from radixkv.server.api.protocol import (
+    MAX_N,
+    AbortBody,
+    DetokenizeBody,
+    GenerateBody,
+    TokenizeBody,
+)
+from radixkv.server.http.app import Api
+from radixkv.server.http.common import (
     HTTPError,
     all_or_none,
     first_then_rest,
@@ -21,14 +29,7 @@ from radixkv.server.http_common import (
     streaming_response,
     until_disconnected,
 )
-from radixkv.server.protocol import (
-    MAX_N,
-    AbortBody,
-    DetokenizeBody,
-    GenerateBody,
-    TokenizeBody,
-)
-from radixkv.server.tokenizer_manager import Chunk, TokenizerManager
+from radixkv.server.runtime.tokenizer_manager import Chunk, TokenizerManager
 
 router = APIRouter()
 
@@ -233,3 +234,6 @@ def per_prompt(name: str, value, n: int) -> list:
     if len(values) != n:
         raise InvalidRequestError(f"{len(values)} values of {name} for {n} prompts")
     return values
+
+
+API = Api(router)

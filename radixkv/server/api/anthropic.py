@@ -14,7 +14,7 @@ retained); `input_tokens`: the rest.
 Streaming: Anthropic's named events (`message_start`, `ping`, per block `content_block_start` /
 `content_block_delta` / `content_block_stop`, `message_delta`, `message_stop`); a failure after
 the stream began ends it with an `error` event. Errors on these paths, streamed or not, are
-Anthropic's shape (`error_body`): `http_app` answers in it wherever `serves(path)`.
+Anthropic's shape (`error_body`): the app answers in it on every path under `PATH` (`API`).
 """
 
 from __future__ import annotations
@@ -30,29 +30,30 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from radixkv.errors import RadixKVError
 from radixkv.retention import Retention
 from radixkv.sampling_params import SamplingParams
-from radixkv.server.anthropic_protocol import (
+from radixkv.server.api.anthropic_protocol import (
     CountTokensBody,
     MessagesBody,
     PromptFields,
     conversation_of,
 )
-from radixkv.server.conversation import breakpoint_retention, render_ids
-from radixkv.server.http_common import (
-    error_of,
-    json_body,
-    named_sse,
-    request_body,
-    until_disconnected,
-)
-from radixkv.server.openai_api import check_model, started, with_call_grammar
-from radixkv.server.tokenizer_manager import Chunk, TokenizerManager
-from radixkv.server.tools import (
+from radixkv.server.api.conversation import breakpoint_retention, render_ids
+from radixkv.server.api.pipeline import check_model, started, with_call_grammar
+from radixkv.server.api.tools import (
     CallStream,
     ToolCall,
     ToolSet,
     anthropic_tool_set,
     new_call_id,
 )
+from radixkv.server.http.app import Api
+from radixkv.server.http.common import (
+    error_of,
+    json_body,
+    named_sse,
+    request_body,
+    until_disconnected,
+)
+from radixkv.server.runtime.tokenizer_manager import Chunk, TokenizerManager
 
 router = APIRouter()
 PATH = "/v1/messages"
@@ -62,18 +63,14 @@ ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "
 Event = tuple[str, dict[str, Any]]
 
 
-def serves(path: str) -> bool:
-    """Whether `path` is one of this API's (whose errors are Anthropic's shape)."""
-    return path == PATH or path.startswith(PATH + "/")
-
-
 def error_body(status: int, message: str) -> dict[str, Any]:
     """Anthropic's error: `{"type": "error", "error": {"type", "message"}}`, the type by status."""
     kind = ERROR_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
     return {"type": "error", "error": {"type": kind, "message": message}}
 
 
-def error_response(status: int, message: str) -> JSONResponse:
+def error_response(status: int, message: str, kind: str | None = None) -> JSONResponse:
+    """Anthropic's error answer (its type follows from the status; our `kind` is not shown)."""
     return JSONResponse(error_body(status, message), status_code=status)
 
 
@@ -264,3 +261,6 @@ async def message_events(prompt: Prompt, chunks: AsyncIterator[Chunk], meta: dic
                                     "delta": {"stop_reason": reason, "stop_sequence": sequence},
                                     "usage": prompt.usage(chunk.cached_tokens, chunk.completion_tokens)}
             yield "message_stop", {"type": "message_stop"}
+
+
+API = Api(router, PATH, error_response)

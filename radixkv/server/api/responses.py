@@ -1,7 +1,7 @@
 """OpenAI's Responses API: POST /v1/responses, GET and DELETE /v1/responses/{id}.
 
 A response's input is text or items (`responses_protocol`), after `instructions`; its output
-is a message and/or function calls (tools as in chat completions, `radixkv.server.tools`).
+is a message and/or function calls (tools as in chat completions, `radixkv.server.api.tools`).
 `previous_response_id` continues a stored conversation (`response_store`) from the exact token
 ids the server ran for it, prompt and output as generated (`conversation.continue_ids`): the
 new prompt is a token prefix hit by construction, and `usage.input_tokens_details.
@@ -21,16 +21,27 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import StreamingResponse
 
 from radixkv.errors import InvalidRequestError, RadixKVError
 from radixkv.results import Collected
 from radixkv.retention import Retention
 from radixkv.sampling_params import SamplingParams
-from radixkv.server.conversation import breakpoint_retention, continue_ids, render_ids
-from radixkv.server.http_common import (
+from radixkv.server.api.conversation import (
+    breakpoint_retention,
+    continue_ids,
+    render_ids,
+)
+from radixkv.server.api.pipeline import check_model, with_call_grammar
+from radixkv.server.api.protocol import openai_retention, salt_namespace
+from radixkv.server.api.response_store import ResponseStore, StoredResponse
+from radixkv.server.api.responses_protocol import ResponsesBody, input_messages
+from radixkv.server.api.tools import CallStream, ToolCall, ToolSet, openai_tool_set
+from radixkv.server.http.app import Api
+from radixkv.server.http.common import (
     HTTPError,
+    ServerSettings,
     error_of,
     first_then_rest,
     json_body,
@@ -39,12 +50,7 @@ from radixkv.server.http_common import (
     request_body,
     until_disconnected,
 )
-from radixkv.server.openai_api import check_model, openai_retention, with_call_grammar
-from radixkv.server.protocol import salt_namespace
-from radixkv.server.response_store import ResponseStore, StoredResponse
-from radixkv.server.responses_protocol import ResponsesBody, input_messages
-from radixkv.server.tokenizer_manager import Chunk, TokenizerManager
-from radixkv.server.tools import CallStream, ToolCall, ToolSet, openai_tool_set
+from radixkv.server.runtime.tokenizer_manager import Chunk, TokenizerManager
 
 router = APIRouter()
 logger = logging.getLogger(__name__)
@@ -322,3 +328,11 @@ async def sse_bytes(events: AsyncIterator[dict[str, Any]]) -> AsyncIterator[byte
         _, message, kind = error_of(e)
         yield named_sse("error", {"type": "error", "code": kind, "message": message, "param": None,
                                   "sequence_number": n})
+
+
+def keep_responses(app: FastAPI, settings: ServerSettings) -> None:
+    """The store `previous_response_id` reads (bounded by `--responses-store-size` and `-ttl`)."""
+    app.state.responses = ResponseStore(settings.responses_store_size, settings.responses_store_ttl)
+
+
+API = Api(router, setup=keep_responses)

@@ -20,30 +20,31 @@ from fastapi import APIRouter, Request
 from radixkv.errors import EngineError, InvalidRequestError, RadixKVError
 from radixkv.mem.miss_causes import CAUSES
 from radixkv.results import Collected
-from radixkv.retention import CONVERSATION_SECONDS, Retention
+from radixkv.retention import Retention
 from radixkv.sampling_params import LogprobParams, SamplingParams
-from radixkv.server.conversation import render_ids
-from radixkv.server.http_common import (
-    HTTPError,
-    all_or_none,
-    first_then_rest,
-    json_body,
-    request_body,
-    streaming_response,
-    until_disconnected,
-)
-from radixkv.server.protocol import (
+from radixkv.server.api.conversation import render_ids
+from radixkv.server.api.pipeline import check_model, started, with_call_grammar
+from radixkv.server.api.protocol import (
     UNSUPPORTED_CHAT,
     UNSUPPORTED_COMPLETION,
     ChatCompletionBody,
     CompletionBody,
     check_choices,
+    openai_retention,
     refuse_unsupported,
     salt_namespace,
     sampling_dict,
 )
-from radixkv.server.tokenizer_manager import Chunk, TokenizerManager
-from radixkv.server.tools import CallStream, ToolCall, ToolSet, openai_tool_set
+from radixkv.server.api.tools import CallStream, ToolCall, ToolSet, openai_tool_set
+from radixkv.server.http.app import Api
+from radixkv.server.http.common import (
+    all_or_none,
+    json_body,
+    request_body,
+    streaming_response,
+    until_disconnected,
+)
+from radixkv.server.runtime.tokenizer_manager import Chunk, TokenizerManager
 
 router = APIRouter()
 T = TypeVar("T")
@@ -105,13 +106,6 @@ class Job:
         return [(first_index + j, self, p) for j, p in enumerate(self.params)]
 
 
-def check_model(request: Request, name: str) -> None:
-    settings, manager = request.app.state.settings, request.app.state.manager
-    if name not in (settings.model_name, manager.info["model_dir"]):
-        raise HTTPError(404, f"model {name!r} does not exist; this server serves {settings.model_name!r} "
-                             f"(see GET /v1/models)", "not_found")
-
-
 def jobs_for(manager: TokenizerManager, prompts: list[list[int]], body, max_tokens: int | None,
              echoes: list[str | None] | None = None, tools: ToolSet | None = None) -> list[Job]:
     """One `Job` per prompt; with `tools` forced (`required` or a named function), every sample
@@ -130,25 +124,6 @@ def jobs_for(manager: TokenizerManager, prompts: list[list[int]], body, max_toke
         manager.check(ids, params[0], logprob)
         jobs.append(Job(ids, params, logprob, namespace, echo, retention))
     return jobs
-
-
-def with_call_grammar(params: dict[str, Any], tools: ToolSet) -> dict[str, Any]:
-    """`params` constrained to the tools' call grammar (`tool_choice` required or named)."""
-    given = [name for name in ("regex", "json_schema", "ebnf") if name in params]
-    if given:
-        raise InvalidRequestError(f"tool_choice={tools.choice.mode!r} constrains the output to a tool call; it "
-                                  f"cannot be combined with {given[0] if given[0] != 'json_schema' else 'response_format'}")
-    return {**params, "ebnf": tools.grammar()}
-
-
-def openai_retention(retention: str | None, cache_key: str | None) -> Retention | None:
-    """OpenAI's `prompt_cache_retention` ("in_memory": minutes, "24h"), or a `prompt_cache_key`
-    conversation (kept a few minutes): the whole sequence, prompt and output, is retained."""
-    if retention is not None:
-        return Retention.whole(Retention.named(retention, "prompt_cache_retention"))
-    if cache_key is not None:
-        return Retention.whole(CONVERSATION_SECONDS)
-    return None
 
 
 @router.get("/v1/models")
@@ -331,17 +306,6 @@ async def merged(manager: TokenizerManager, streams: list[tuple[int, Job, Sampli
             task.cancel()
 
 
-async def started(request: Request, chunks: AsyncIterator[tuple[int, Chunk]]) -> AsyncIterator[tuple[int, Chunk]]:
-    """`chunks` once the first has come: a request that fails at once is an HTTP error, not a
-    200 stream holding one."""
-    try:
-        _, rest = await first_then_rest(request, chunks)
-    except BaseException:
-        await chunks.aclose()
-        raise
-    return rest
-
-
 async def chat_events(manager: TokenizerManager, job: Job, chunks: AsyncIterator[tuple[int, Chunk]], meta: dict,
                       include_usage: bool, tools: ToolSet | None = None) -> AsyncIterator[dict[str, Any]]:
     """A choice's first chunk carries its first text (with the role), never an empty delta: clients
@@ -417,3 +381,6 @@ async def completion_events(manager: TokenizerManager, jobs: list[Job], owner: d
         cached = [job_cached(job, [lasts[k] for k in sorted(lasts) if owner[k] is job]) for job in jobs]
         yield {**base, "choices": [], "usage": usage(sum(len(j.ids) for j in jobs),
                                                      sum(c.completion_tokens for c in lasts.values()), cached)}
+
+
+API = Api(router)
