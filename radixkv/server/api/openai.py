@@ -5,25 +5,27 @@ Streaming is server-sent events in OpenAI's chunk format, ending with `data: [DO
 cached_tokens` is how much of the prompt the radix cache served. With `n > 1` the prompt is
 computed once (a prefill-only request caches it) and the n samples read it from the cache;
 choice j samples with `seed + j` when a seed is given.
+
+Both endpoints are `OpenAIServing`s (`pipeline.Serving`): a body becomes one `Job` per prompt,
+each `n` generations; log-probs in OpenAI's shapes are `openai_logprobs.py`.
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any, TypeVar
+from typing import Any
 
 from fastapi import APIRouter, Request
 
-from radixkv.errors import EngineError, InvalidRequestError, RadixKVError
-from radixkv.mem.miss_causes import CAUSES
+from radixkv.errors import InvalidRequestError
 from radixkv.results import Collected
 from radixkv.retention import Retention
 from radixkv.sampling_params import LogprobParams, SamplingParams
 from radixkv.server.api.conversation import render_ids
-from radixkv.server.api.pipeline import check_model, started, with_call_grammar
+from radixkv.server.api.openai_logprobs import chat_logprobs, completion_logprobs
+from radixkv.server.api.pipeline import Generation, Result, Serving, Usage, with_call_grammar
 from radixkv.server.api.protocol import (
     UNSUPPORTED_CHAT,
     UNSUPPORTED_COMPLETION,
@@ -37,17 +39,10 @@ from radixkv.server.api.protocol import (
 )
 from radixkv.server.api.tools import CallStream, ToolCall, ToolSet, openai_tool_set
 from radixkv.server.http.app import Api
-from radixkv.server.http.common import (
-    all_or_none,
-    json_body,
-    request_body,
-    streaming_response,
-    until_disconnected,
-)
+from radixkv.server.http.common import all_or_none, json_body, request_body
 from radixkv.server.runtime.tokenizer_manager import Chunk, TokenizerManager
 
 router = APIRouter()
-T = TypeVar("T")
 
 
 def finish_reason_name(reason: dict[str, Any] | None) -> str | None:
@@ -66,17 +61,15 @@ def call_json(call: ToolCall, index: int | None = None) -> dict[str, Any]:
     return out if index is None else {"index": index, **out}
 
 
-def usage(prompt_tokens: int, completion_tokens: int, served: list[Chunk]) -> dict[str, Any]:
-    """OpenAI's usage for prompts whose cache lookups `served` reports (one chunk per prompt):
-    where the cached tokens came from (`{device, host, storage}`) beside their sum, as SGLang
-    does (`cached_tokens_details`), and every prompt token by why it hit or missed (`cache`,
-    `radixkv.mem.miss_causes`; omitted where a lookup was not explained)."""
-    cached = {tier: sum(c.cached_tokens_details()[tier] for c in served) for tier in ("device", "host", "storage")}
-    details: dict[str, Any] = {"cached_tokens": sum(cached.values()), "cached_tokens_details": cached}
-    if served and all(c.cache_causes is not None for c in served):
-        details["cache"] = {cause: sum(c.cache_causes.get(cause, 0) for c in served) for cause in CAUSES}
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens, "prompt_tokens_details": details}
+def openai_usage(usage: Usage) -> dict[str, Any]:
+    """OpenAI's usage: where the cached tokens came from (`{device, host, storage}`) beside
+    their sum, as SGLang does (`cached_tokens_details`), and every prompt token by why it hit or
+    missed (`cache`, `radixkv.mem.miss_causes`; omitted where a lookup was not explained)."""
+    details: dict[str, Any] = {"cached_tokens": usage.cached_tokens, "cached_tokens_details": usage.cached}
+    if usage.causes is not None:
+        details["cache"] = usage.causes
+    return {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
+            "total_tokens": usage.total_tokens, "prompt_tokens_details": details}
 
 
 class Job:
@@ -91,19 +84,13 @@ class Job:
         self.retention = retention
         self.cached: Chunk | None = None  # the prompt's lookup before this request's samples (n > 1)
 
+    def generations(self) -> list[Generation]:
+        return [Generation(self.ids, p, self.logprob, self.namespace, self.retention) for p in self.params]
+
     async def prefill_if_shared(self, manager: TokenizerManager) -> None:
         """n > 1: compute the prompt once, so every sample reads it from the cache."""
         if len(self.params) > 1:
-            _, _, last = await manager.generate(self.ids, SamplingParams(max_new_tokens=0), namespace=self.namespace,
-                                                retention=self.retention)
-            self.cached = last
-
-    def generate(self, manager: TokenizerManager, params: SamplingParams):
-        return manager.generate(self.ids, params, namespace=self.namespace, logprob=self.logprob,
-                                retention=self.retention)
-
-    def streams(self, first_index: int = 0) -> list[tuple[int, Job, SamplingParams]]:
-        return [(first_index + j, self, p) for j, p in enumerate(self.params)]
+            _, _, self.cached = await self.generations()[0].prefill().generate(manager)
 
 
 def jobs_for(manager: TokenizerManager, prompts: list[list[int]], body, max_tokens: int | None,
@@ -126,6 +113,109 @@ def jobs_for(manager: TokenizerManager, prompts: list[list[int]], body, max_toke
     return jobs
 
 
+def job_cached(job: Job, lasts: list[Chunk]) -> Chunk:
+    """The chunk that says what the cache held of the prompt: the first sample's, or, when the
+    prompt was prefilled once for n samples, that prefill's."""
+    return job.cached if job.cached is not None else lasts[0]
+
+
+class OpenAIServing(Serving):
+    """What both endpoints share: the body read with OpenAI fields this server does not
+    implement refused by name and the model it names checked; n > 1 prefilled once per prompt;
+    the response's id, time and model."""
+
+    body_model: type = ChatCompletionBody
+    unsupported: tuple[str, ...] = ()
+    prefix = ""
+    jobs: list[Job]
+
+    async def parse(self) -> Any:
+        raw = await json_body(self.request)
+        refuse_unsupported(raw, self.unsupported)
+        body = self.body_model.model_validate(raw)
+        body.refuse_features_it_lacks()
+        self.check_model(body.model)
+        return body
+
+    def generations(self, jobs: list[Job]) -> list[Generation]:
+        self.jobs = jobs
+        self.meta = {"id": f"{self.prefix}-{uuid.uuid4().hex}", "created": int(time.time()),
+                     "model": self.settings.model_name}
+        return [g for job in jobs for g in job.generations()]
+
+    async def prefill(self, generations: list[Generation]) -> None:
+        await all_or_none(*(job.prefill_if_shared(self.manager) for job in self.jobs))
+
+    def results_by_job(self, results: list[Result]) -> list[list[Result]]:
+        starts = [0]
+        for job in self.jobs:
+            starts.append(starts[-1] + len(job.params))
+        return [results[a:b] for a, b in zip(starts, starts[1:])]
+
+
+def include_usage(body) -> bool:
+    return bool(body.stream_options and body.stream_options.include_usage)
+
+
+class ChatCompletions(OpenAIServing):
+    body_model, unsupported, prefix = ChatCompletionBody, UNSUPPORTED_CHAT, "chatcmpl"
+
+    def build(self, body: ChatCompletionBody) -> list[Generation]:
+        if not body.messages:
+            raise InvalidRequestError("messages must not be empty")
+        max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+        self.tools = openai_tool_set(body.tools, body.tool_choice, body.parallel_tool_calls)
+        messages = [m.template_message(f"messages[{i}]") for i, m in enumerate(body.messages)]
+        prompt = render_ids(self.manager.tokenizer, messages, self.tools,
+                            continue_final_message=body.continue_final_message,
+                            template_kwargs=body.chat_template_kwargs)
+        return self.generations(jobs_for(self.manager, [prompt], body, max_tokens, tools=self.tools))
+
+    def respond(self, body: ChatCompletionBody, generations: list[Generation], results: list[Result]) -> Any:
+        (job,), tools = self.jobs, self.tools
+        choices = []
+        for j, (text, got, last) in enumerate(results):
+            content, calls = tools.parse(text) if tools is not None else (text, [])
+            message: dict[str, Any] = {"role": "assistant", "content": content}
+            if calls:
+                message["tool_calls"] = [call_json(c) for c in calls]
+            choices.append({"index": j, "message": message, "logprobs": chat_logprobs(self.manager, job, got),
+                            "finish_reason": chat_finish_reason(last.finish_reason, bool(calls))})
+        usage = Usage.of(len(job.ids), sum(r[2].completion_tokens for r in results),
+                         [job_cached(job, [r[2] for r in results])])
+        return {**self.meta, "object": "chat.completion", "choices": choices, "usage": openai_usage(usage)}
+
+    def events(self, body: ChatCompletionBody, generations: list[Generation],
+               chunks: AsyncIterator[tuple[int, Chunk]]) -> AsyncIterator[dict[str, Any]]:
+        return chat_events(self.manager, self.jobs[0], chunks, self.meta, include_usage(body), self.tools)
+
+
+class Completions(OpenAIServing):
+    body_model, unsupported, prefix = CompletionBody, UNSUPPORTED_COMPLETION, "cmpl"
+
+    def build(self, body: CompletionBody) -> list[Generation]:
+        prompts = completion_prompts(self.manager, body.prompt)
+        echoes = echo_texts(self.manager, body, prompts) if body.echo else None
+        return self.generations(jobs_for(self.manager, prompts, body, body.max_tokens, echoes))
+
+    def respond(self, body: CompletionBody, generations: list[Generation], results: list[Result]) -> Any:
+        choices, completion, cached = [], 0, []
+        for i, (job, job_results) in enumerate(zip(self.jobs, self.results_by_job(results))):
+            for j, (text, got, last) in enumerate(job_results):
+                choices.append({"index": i * len(job.params) + j, "text": (job.echo or "") + text,
+                                "logprobs": completion_logprobs(self.manager, job, got),
+                                "finish_reason": finish_reason_name(last.finish_reason)})
+                completion += last.completion_tokens
+            cached.append(job_cached(job, [r[2] for r in job_results]))
+        usage = Usage.of(sum(len(j.ids) for j in self.jobs), completion, cached)
+        return {**self.meta, "object": "text_completion", "choices": choices, "usage": openai_usage(usage)}
+
+    def events(self, body: CompletionBody, generations: list[Generation],
+               chunks: AsyncIterator[tuple[int, Chunk]]) -> AsyncIterator[dict[str, Any]]:
+        owner = {i: job for i, job in enumerate(j for j in self.jobs for _ in j.params)}
+        return completion_events(self.manager, self.jobs, owner, chunks, self.meta, include_usage(body))
+
+
 @router.get("/v1/models")
 async def models(request: Request):
     settings, manager = request.app.state.settings, request.app.state.manager
@@ -134,87 +224,14 @@ async def models(request: Request):
         "root": manager.info["model_dir"], "max_model_len": manager.limits.context_length}]}
 
 
-async def openai_body(request: Request, model: type[T], unsupported: tuple[str, ...]) -> T:
-    """The body as `model`, with OpenAI fields this server does not implement refused by name
-    and the model it names checked."""
-    raw = await json_body(request)
-    refuse_unsupported(raw, unsupported)
-    body = model.model_validate(raw)
-    body.refuse_features_it_lacks()
-    check_model(request, body.model)
-    return body
-
-
-def response_meta(request: Request, prefix: str) -> dict[str, Any]:
-    return {"id": f"{prefix}-{uuid.uuid4().hex}", "created": int(time.time()),
-            "model": request.app.state.settings.model_name}
-
-
 @router.post("/v1/chat/completions", openapi_extra=request_body(ChatCompletionBody))
 async def chat_completions(request: Request):
-    manager: TokenizerManager = request.app.state.manager
-    body = await openai_body(request, ChatCompletionBody, UNSUPPORTED_CHAT)
-    if not body.messages:
-        raise InvalidRequestError("messages must not be empty")
-    max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-    tools = openai_tool_set(body.tools, body.tool_choice, body.parallel_tool_calls)
-    messages = [m.template_message(f"messages[{i}]") for i, m in enumerate(body.messages)]
-    prompt = render_ids(manager.tokenizer, messages, tools, continue_final_message=body.continue_final_message,
-                        template_kwargs=body.chat_template_kwargs)
-    (job,) = jobs_for(manager, [prompt], body, max_tokens, tools=tools)
-    meta = response_meta(request, "chatcmpl")
-    await until_disconnected(request, job.prefill_if_shared(manager))
-    if body.stream:
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        chunks = await started(request, merged(manager, job.streams()))
-        return streaming_response(chat_events(manager, job, chunks, meta, include_usage, tools))
-    results = await until_disconnected(request, all_or_none(*(job.generate(manager, p) for p in job.params)))
-    choices = []
-    for j, (text, got, last) in enumerate(results):
-        content, calls = tools.parse(text) if tools is not None else (text, [])
-        message: dict[str, Any] = {"role": "assistant", "content": content}
-        if calls:
-            message["tool_calls"] = [call_json(c) for c in calls]
-        choices.append({"index": j, "message": message, "logprobs": chat_logprobs(manager, job, got),
-                        "finish_reason": chat_finish_reason(last.finish_reason, bool(calls))})
-    return {**meta, "object": "chat.completion", "choices": choices,
-            "usage": usage(len(job.ids), sum(r[2].completion_tokens for r in results),
-                           [job_cached(job, [r[2] for r in results])])}
+    return await ChatCompletions(request).handle()
 
 
 @router.post("/v1/completions", openapi_extra=request_body(CompletionBody))
 async def completions(request: Request):
-    manager: TokenizerManager = request.app.state.manager
-    body = await openai_body(request, CompletionBody, UNSUPPORTED_COMPLETION)
-    prompts = completion_prompts(manager, body.prompt)
-    echoes = echo_texts(manager, body, prompts) if body.echo else None
-    jobs = jobs_for(manager, prompts, body, body.max_tokens, echoes)
-    meta = response_meta(request, "cmpl")
-    await until_disconnected(request, all_or_none(*(job.prefill_if_shared(manager) for job in jobs)))
-    if body.stream:
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        streams = [s for i, job in enumerate(jobs) for s in job.streams(i * body.n)]
-        chunks = await started(request, merged(manager, streams))
-        owner = {index: job for index, job, _ in streams}
-        return streaming_response(completion_events(manager, jobs, owner, chunks, meta, include_usage))
-    per_job = await until_disconnected(request, all_or_none(
-        *(all_or_none(*(job.generate(manager, p) for p in job.params)) for job in jobs)))
-    choices, completion, cached = [], 0, []
-    for i, (job, results) in enumerate(zip(jobs, per_job)):
-        for j, (text, got, last) in enumerate(results):
-            choices.append({"index": i * len(job.params) + j, "text": (job.echo or "") + text,
-                            "logprobs": completion_logprobs(manager, job, got),
-                            "finish_reason": finish_reason_name(last.finish_reason)})
-            completion += last.completion_tokens
-        cached.append(job_cached(job, [r[2] for r in results]))
-    return {**meta, "object": "text_completion", "choices": choices,
-            "usage": usage(sum(len(j.ids) for j in jobs), completion, cached)}
-
-
-def job_cached(job: Job, lasts: list[Chunk]) -> Chunk:
-    """The chunk that says what the cache held of the prompt: the first sample's, or, when the
-    prompt was prefilled once for n samples, that prefill's."""
-    return job.cached if job.cached is not None else lasts[0]
+    return await Completions(request).handle()
 
 
 def completion_prompts(manager: TokenizerManager, prompt) -> list[list[int]]:
@@ -236,74 +253,6 @@ def echo_texts(manager: TokenizerManager, body: CompletionBody, prompts: list[li
         return list(given)
     skip = body.skip_special_tokens if body.skip_special_tokens is not None else True
     return [manager.tokenizer.decode(ids, skip) for ids in prompts]
-
-
-def token_entry(manager: TokenizerManager, token_id: int, logprob: float) -> dict[str, Any]:
-    text = manager.token_text(token_id)
-    return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
-
-
-def chat_logprobs(manager: TokenizerManager, job: Job, got: Collected) -> dict[str, Any] | None:
-    """OpenAI chat `logprobs`: {"content": [{token, logprob, bytes, top_logprobs}, ...]}."""
-    if not job.logprob.return_logprob:
-        return None
-    tops = got.output_top if job.logprob.top_n else [[] for _ in got.ids]
-    return {"content": [token_entry(manager, t, lp) | {"top_logprobs": [token_entry(manager, i, v) for v, i in top]}
-                        for t, lp, top in zip(got.ids, got.output_logprobs, tops)]}
-
-
-def completion_logprobs(manager: TokenizerManager, job: Job, got: Collected, offset: int = 0,
-                        with_prompt: bool = True) -> dict[str, Any] | None:
-    """OpenAI completions `logprobs`: tokens, token_logprobs, top_logprobs, text_offset. With
-    `echo` (and `with_prompt`: the piece that carries the prompt), the prompt's tokens come first,
-    the first with no log-prob (null), as OpenAI and vLLM report them."""
-    if not job.logprob.return_logprob:
-        return None
-    ids, lps, tops = list(got.ids), list(got.output_logprobs), list(got.output_top)
-    if job.echo is not None and with_prompt:
-        prompt = got.input_logprobs or []
-        prompt_top = got.input_top or [None] * len(prompt)
-        ids, lps, tops = [t for _, t in prompt] + ids, [v for v, _ in prompt] + lps, list(prompt_top) + tops
-    tokens = [manager.token_text(t) for t in ids]
-    offsets = []
-    for tok in tokens:
-        offsets.append(offset)
-        offset += len(tok)
-    top = ([None if alts is None else {manager.token_text(i): v for v, i in alts} for alts in tops]
-           if job.logprob.top_n else None)
-    return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": top, "text_offset": offsets}
-
-
-async def merged(manager: TokenizerManager, streams: list[tuple[int, Job, SamplingParams]]
-                 ) -> AsyncIterator[tuple[int, Chunk]]:
-    """(choice index, chunk) from several requests as they arrive; a failed chunk raises. Leaving
-    early (a client that disconnects) cancels every request still running."""
-    queue: asyncio.Queue = asyncio.Queue()
-
-    async def pump(index: int, job: Job, params: SamplingParams) -> None:
-        try:
-            async for chunk in manager.stream(job.ids, params, namespace=job.namespace, logprob=job.logprob,
-                                              retention=job.retention):
-                await queue.put((index, chunk))
-        except RadixKVError as e:
-            await queue.put((index, e))
-        except Exception as e:  # noqa: BLE001 - never leave the consumer waiting for a dead pump
-            await queue.put((index, EngineError(f"choice {index} failed: {type(e).__name__}: {e}")))
-
-    tasks = [asyncio.create_task(pump(*s)) for s in streams]
-    try:
-        remaining = len(streams)
-        while remaining:
-            index, item = await queue.get()
-            if isinstance(item, Exception):
-                raise item
-            item.raise_if_error()
-            if item.finished:
-                remaining -= 1
-            yield index, item
-    finally:
-        for task in tasks:
-            task.cancel()
 
 
 async def chat_events(manager: TokenizerManager, job: Job, chunks: AsyncIterator[tuple[int, Chunk]], meta: dict,
@@ -348,8 +297,8 @@ async def chat_events(manager: TokenizerManager, job: Job, chunks: AsyncIterator
                                                                             bool(calls_sent.get(j)))}]}
     if include_usage:
         finals = [lasts[j] for j in sorted(lasts)]
-        yield {**base, "choices": [], "usage": usage(len(job.ids), sum(c.completion_tokens for c in finals),
-                                                     [job_cached(job, finals)])}
+        yield {**base, "choices": [], "usage": openai_usage(Usage.of(
+            len(job.ids), sum(c.completion_tokens for c in finals), [job_cached(job, finals)]))}
 
 
 async def completion_events(manager: TokenizerManager, jobs: list[Job], owner: dict[int, Job],
@@ -379,8 +328,8 @@ async def completion_events(manager: TokenizerManager, jobs: list[Job], owner: d
             lasts[index] = chunk
     if include_usage:
         cached = [job_cached(job, [lasts[k] for k in sorted(lasts) if owner[k] is job]) for job in jobs]
-        yield {**base, "choices": [], "usage": usage(sum(len(j.ids) for j in jobs),
-                                                     sum(c.completion_tokens for c in lasts.values()), cached)}
+        yield {**base, "choices": [], "usage": openai_usage(Usage.of(
+            sum(len(j.ids) for j in jobs), sum(c.completion_tokens for c in lasts.values()), cached))}
 
 
 API = Api(router)
