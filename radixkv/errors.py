@@ -78,7 +78,7 @@ class ServiceUnavailable(EngineError):
 class ErrorKind(enum.StrEnum):
     """Why a request ended without a result, as the core reports it. Each front maps a kind to
     its own terms: the Engine raises the error class below, the server answers an HTTP status
-    (`radixkv.server.http_common.STATUS_OF`)."""
+    (`radixkv.server.http.common.STATUS_OF`)."""
 
     INVALID_REQUEST = "invalid_request"  # the request is bad: fix it (InvalidRequestError)
     INTERNAL = "internal"  # the runtime failed on it (EngineError)

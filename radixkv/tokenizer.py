@@ -72,7 +72,7 @@ class Tokenizer:
     @property
     def takes_tools(self) -> bool:
         """Whether the chat template renders a `tools` list itself (its source reads the variable);
-        for one that does not, the server writes a fallback prompt (`radixkv.server.tools`)."""
+        for one that does not, the server writes a fallback prompt (`radixkv.server.api.tools`)."""
         template = getattr(self.hf, "chat_template", None)
         return isinstance(template, str) and re.search(r"\btools\b", template) is not None
 

@@ -115,6 +115,12 @@ def test_the_wheel_and_the_sdist_hold_every_module_of_the_tree(wheels):
     assert from_sdist == expected, f"the sdist loses {sorted(expected - from_sdist)}"
 
 
+def test_the_wheel_and_the_sdist_ship_the_dashboard_page(wheels):
+    """The /dashboard page is package data (radixkv/server/http/static/), read when its module imports."""
+    for wheel in wheels:
+        assert "radixkv/server/http/static/dashboard.html" in zipfile.ZipFile(wheel).namelist(), wheel.name
+
+
 def test_every_module_imports_from_the_installed_wheel(installed, tmp_path):
     target, env = installed
     done = subprocess.run([sys.executable, "-c", IMPORT_ALL, str(target)], cwd=tmp_path, env=env,

@@ -21,8 +21,8 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from radixkv.router.workers import ANY_WORKER, ROUTED, Router, RouterSettings
-from radixkv.server.http_app import ApiKeyMiddleware
-from radixkv.server.http_common import error_response
+from radixkv.server.http.app import ApiKeyMiddleware
+from radixkv.server.http.common import error_response
 
 routes = APIRouter()
 

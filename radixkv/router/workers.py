@@ -32,7 +32,7 @@ import httpx
 from fastapi.responses import Response, StreamingResponse
 
 from radixkv.routing import make_policy
-from radixkv.server.http_common import error_response
+from radixkv.server.http.common import error_response
 
 logger = logging.getLogger(__name__)
 ROUTED = ("/generate", "/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages")

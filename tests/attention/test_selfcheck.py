@@ -39,7 +39,7 @@ def test_a_kernel_that_does_not_compile_is_caught(monkeypatch):
 @pytest.mark.slow  # 20 s (an engine start); the check's failure paths run in CI in the tests above
 def test_the_engine_falls_back_to_torch_and_says_so(monkeypatch, tiny_model_dir):
     from radixkv.engine import Engine
-    from radixkv.server.scheduler_process import scheduler_info
+    from radixkv.server.runtime.scheduler_process import scheduler_info
 
     monkeypatch.setattr(kernels, "decode_attention", lambda *a, **k: torch.zeros(1))
     with Engine(str(tiny_model_dir("llama")), attention_backend="triton", max_total_tokens=256, progress=False,

@@ -74,7 +74,7 @@ def test_the_scheduler_process_stops_once_a_rank_is_lost():
     import zmq
 
     from radixkv.core.loop import Stop
-    from radixkv.server.scheduler_process import ZmqInbox
+    from radixkv.server.runtime.scheduler_process import ZmqInbox
 
     ctx = zmq.Context()
     pull, reply = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)

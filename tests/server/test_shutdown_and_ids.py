@@ -180,7 +180,7 @@ def test_ctrl_c_ends_streams_at_once_and_exits_130():
 
 
 def test_socket_directories_of_killed_servers_are_removed(tmp_path):
-    from radixkv.server.sockets import PREFIX, remove_stale
+    from radixkv.server.runtime.sockets import PREFIX, remove_stale
 
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()  # a pid that no longer runs
@@ -205,8 +205,8 @@ def test_a_draining_server_refuses_new_requests_but_lets_accepted_ones_start_the
 
     from radixkv.errors import ServiceUnavailable
     from radixkv.sampling_params import SamplingParams
-    from radixkv.server.sockets import Endpoints
-    from radixkv.server.tokenizer_manager import TokenizerManager
+    from radixkv.server.runtime.sockets import Endpoints
+    from radixkv.server.runtime.tokenizer_manager import TokenizerManager
     from radixkv.validation import RequestLimits
 
     async def main():

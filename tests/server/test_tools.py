@@ -7,8 +7,8 @@ import pytest
 import xgrammar as xgr
 
 from radixkv.errors import InvalidRequestError
-from radixkv.server.conversation import breakpoint_tokens, continue_ids, render_ids, render_text
-from radixkv.server.tools import (
+from radixkv.server.api.conversation import breakpoint_tokens, continue_ids, render_ids, render_text
+from radixkv.server.api.tools import (
     CallStream,
     ToolCall,
     ToolChoice,

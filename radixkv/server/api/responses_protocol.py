@@ -21,7 +21,7 @@ from pydantic import Field
 from radixkv.errors import InvalidRequestError
 from radixkv.retention import Retention
 from radixkv.sampling_params import SEED_MAX, SEED_MIN
-from radixkv.server.protocol import (
+from radixkv.server.api.protocol import (
     Strict,
     json_arguments,
     refuse_if_on,

@@ -7,7 +7,7 @@ frontend's `RuntimeEndpoint`, its router, its benchmark scripts).
     POST /concate_and_append_request      the frontend's parallel-encoding join (see its docstring)
 
 `/server_info` (and SGLang's older name for it, `/get_server_info`) carries SGLang's keys
-beside ours: `radixkv.server.admin_api`.
+beside ours: `radixkv.server.http.admin`.
 """
 
 from __future__ import annotations
@@ -20,9 +20,10 @@ from fastapi import APIRouter, Request
 
 from radixkv.errors import RadixKVError
 from radixkv.sampling_params import SamplingParams
-from radixkv.server.http_common import error_response, parse, request_body
-from radixkv.server.protocol import ConcatAppendBody
-from radixkv.server.tokenizer_manager import TokenizerManager
+from radixkv.server.api.protocol import ConcatAppendBody
+from radixkv.server.http.app import Api
+from radixkv.server.http.common import error_response, parse, request_body
+from radixkv.server.runtime.tokenizer_manager import TokenizerManager
 from radixkv.version import __version__
 
 router = APIRouter()
@@ -91,3 +92,6 @@ async def concate_and_append_request(request: Request):
     so its output equals running the joined text from scratch. Accepted and validated."""
     body = await parse(request, ConcatAppendBody)
     return {"success": True, "dst_rid": body.dst_rid, "src_rids": body.src_rids, "mode": "exact (recomputed)"}
+
+
+API = Api(router)

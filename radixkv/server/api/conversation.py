@@ -2,7 +2,7 @@
 its tokens a cache breakpoint falls, and continuing a stored conversation from the exact tokens
 the server produced.
 
-Messages are the dicts chat templates take (see `radixkv.server.tools`). Every function here
+Messages are the dicts chat templates take (see `radixkv.server.api.tools`). Every function here
 renders through the model's chat template (`Tokenizer.render_chat`), so what it says about
 positions holds for the ids `render_ids` returns.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from radixkv.server.tools import ToolSet, fallback_messages
+from radixkv.server.api.tools import ToolSet, fallback_messages
 from radixkv.tokenizer import Tokenizer
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from radixkv.errors import ConfigError
-from radixkv.server.tools import ToolSet
+from radixkv.server.api.tools import ToolSet
 
 DEFAULT_MAX_RESPONSES = 1024
 DEFAULT_MAX_AGE = 3600.0

@@ -10,9 +10,9 @@ from fastapi.responses import HTMLResponse, Response
 
 from radixkv.errors import RadixKVError
 from radixkv.ipc.messages import CACHE_TREE_MAX_NODES as MAX_NODES
-from radixkv.server.dashboard_page import PAGE as DASHBOARD
-from radixkv.server.http_common import HTTPError, error_response
-from radixkv.server.tokenizer_manager import TokenizerManager
+from radixkv.server.http.common import HTTPError, error_response
+from radixkv.server.http.dashboard import PAGE as DASHBOARD
+from radixkv.server.runtime.tokenizer_manager import TokenizerManager
 from radixkv.version import __version__
 
 router = APIRouter()
@@ -92,7 +92,7 @@ async def cache_tree(request: Request, limit: int = 200):
 
 @router.get("/dashboard")
 async def dashboard() -> HTMLResponse:
-    """The live cache dashboard (`radixkv.server.dashboard_page`): a static page, open without a
+    """The live cache dashboard (`radixkv.server.http.dashboard`): a static page, open without a
     key (it holds no data); its script reads the JSON endpoints with the key from `#key=`."""
     return HTMLResponse(DASHBOARD, headers={"Cache-Control": "no-store",
                                             "Content-Security-Policy": "default-src 'self'; script-src 'unsafe-inline'; "

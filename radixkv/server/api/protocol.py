@@ -12,6 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from radixkv.errors import InvalidRequestError
+from radixkv.retention import CONVERSATION_SECONDS, Retention
 from radixkv.sampling_params import SEED_MAX, SEED_MIN, LogprobParams
 
 
@@ -269,7 +270,7 @@ class ChatCompletionBody(SamplingFields):
     # SGLang's reasoning split: there is no reasoning parser here, so content is never split (a no-op)
     separate_reasoning: bool = True
     stream_reasoning: bool = True
-    tools: list[dict[str, Any]] | None = None  # function tools (see radixkv.server.tools)
+    tools: list[dict[str, Any]] | None = None  # function tools (see radixkv.server.api.tools)
     tool_choice: str | dict[str, Any] | None = None  # auto, none, required, or {"type": "function", ...}
     parallel_tool_calls: bool | None = None
 
@@ -362,3 +363,13 @@ def response_format_schema(fmt: dict[str, Any] | None) -> dict[str, Any] | None:
             raise InvalidRequestError("response_format.json_schema.schema: required, a JSON schema object")
         return spec["schema"]
     raise InvalidRequestError(f"response_format.type={kind!r}: must be text, json_object or json_schema")
+
+
+def openai_retention(retention: str | None, cache_key: str | None) -> Retention | None:
+    """OpenAI's `prompt_cache_retention` ("in_memory": minutes, "24h"), or a `prompt_cache_key`
+    conversation (kept a few minutes): the whole sequence, prompt and output, is retained."""
+    if retention is not None:
+        return Retention.whole(Retention.named(retention, "prompt_cache_retention"))
+    if cache_key is not None:
+        return Retention.whole(CONVERSATION_SECONDS)
+    return None

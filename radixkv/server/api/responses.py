@@ -1,7 +1,7 @@
 """OpenAI's Responses API: POST /v1/responses, GET and DELETE /v1/responses/{id}.
 
 A response's input is text or items (`responses_protocol`), after `instructions`; its output
-is a message and/or function calls (tools as in chat completions, `radixkv.server.tools`).
+is a message and/or function calls (tools as in chat completions, `radixkv.server.api.tools`).
 `previous_response_id` continues a stored conversation (`response_store`) from the exact token
 ids the server ran for it, prompt and output as generated (`conversation.continue_ids`): the
 new prompt is a token prefix hit by construction, and `usage.input_tokens_details.
@@ -21,30 +21,32 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from fastapi import APIRouter, Request
-from fastapi.responses import StreamingResponse
+from fastapi import APIRouter, FastAPI, Request
 
-from radixkv.errors import InvalidRequestError, RadixKVError
+from radixkv.errors import InvalidRequestError
 from radixkv.results import Collected
 from radixkv.retention import Retention
 from radixkv.sampling_params import SamplingParams
-from radixkv.server.conversation import breakpoint_retention, continue_ids, render_ids
-from radixkv.server.http_common import (
+from radixkv.server.api.conversation import (
+    breakpoint_retention,
+    continue_ids,
+    render_ids,
+)
+from radixkv.server.api.pipeline import Generation, Result, Serving, Usage, only, with_call_grammar
+from radixkv.server.api.protocol import openai_retention, salt_namespace
+from radixkv.server.api.response_store import ResponseStore, StoredResponse
+from radixkv.server.api.responses_protocol import ResponsesBody, input_messages
+from radixkv.server.api.tools import CallStream, ToolCall, ToolSet, openai_tool_set
+from radixkv.server.http.app import Api
+from radixkv.server.http.sse import StreamFormat
+from radixkv.server.http.common import (
     HTTPError,
-    error_of,
-    first_then_rest,
+    ServerSettings,
     json_body,
-    named_sse,
     principal,
     request_body,
-    until_disconnected,
 )
-from radixkv.server.openai_api import check_model, openai_retention, with_call_grammar
-from radixkv.server.protocol import salt_namespace
-from radixkv.server.response_store import ResponseStore, StoredResponse
-from radixkv.server.responses_protocol import ResponsesBody, input_messages
-from radixkv.server.tokenizer_manager import Chunk, TokenizerManager
-from radixkv.server.tools import CallStream, ToolCall, ToolSet, openai_tool_set
+from radixkv.server.runtime.tokenizer_manager import Chunk, TokenizerManager
 
 router = APIRouter()
 logger = logging.getLogger(__name__)
@@ -140,14 +142,7 @@ def response_object(turn: Turn, model: str, status: str, output: list[dict[str, 
                     last: Chunk | None, created: float) -> dict[str, Any]:
     """The Response as OpenAI returns it (the request's settings echoed)."""
     body = turn.body
-    usage = None
-    if last is not None:
-        cached = last.cached_tokens
-        usage = {"input_tokens": len(turn.ids),
-                 "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": len(turn.ids) - cached,
-                                          **({"cache": last.cache_causes} if last.cache_causes is not None else {})},
-                 "output_tokens": last.completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
-                 "total_tokens": len(turn.ids) + last.completion_tokens}
+    usage = responses_usage(Usage.of(len(turn.ids), last.completion_tokens, [last])) if last is not None else None
     incomplete = status == "incomplete"
     return {
         "id": turn.id, "object": "response", "created_at": int(created), "status": status,
@@ -164,6 +159,15 @@ def response_object(turn: Turn, model: str, status: str, output: list[dict[str, 
         **({"prompt_cache_diagnostics": {"type": "unavailable"}}
            if body.prompt_cache_options is not None and body.prompt_cache_options.comparison_response_id else {}),
     }
+
+
+def responses_usage(usage: Usage) -> dict[str, Any]:
+    """The Responses API's usage of the pipeline's record (`cache`: the prompt by why it hit or missed)."""
+    details = {"cached_tokens": usage.cached_tokens, "cache_write_tokens": usage.prompt_tokens - usage.cached_tokens,
+               **({"cache": usage.causes} if usage.causes is not None else {})}
+    return {"input_tokens": usage.prompt_tokens, "input_tokens_details": details,
+            "output_tokens": usage.completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": usage.total_tokens}
 
 
 def finished_status(last: Chunk) -> str:
@@ -188,38 +192,44 @@ def remember(request: Request, turn: Turn, response: dict[str, Any], content: st
         response, turn.body.instructions, turn.tools, turn.history, reply, list(turn.ids), list(output_ids)))
 
 
+def stream_error(status: int, message: str, kind: str) -> dict[str, Any]:
+    """The `error` event a typed error mid-stream ends a Responses stream with."""
+    return {"type": "error", "code": kind, "message": message, "param": None}
+
+
 # -- routes ----------------------------------------------------------------------------------------
+class CreateResponse(Serving):
+    """POST /v1/responses: one generation, its turn stored for `previous_response_id`."""
+
+    stream_format = StreamFormat(named=True, numbered=True, done=False, error_event=stream_error)
+
+    async def parse(self) -> ResponsesBody:
+        body = ResponsesBody.model_validate(await json_body(self.request))
+        body.refuse_features_it_lacks()
+        self.check_model(body.model)
+        return body
+
+    def build(self, body: ResponsesBody) -> list[Generation]:
+        self.turn = turn = prepare(self.request, body)
+        self.model, self.created = self.settings.model_name, time.time()
+        return [Generation(turn.ids, turn.params, namespace=turn.namespace, retention=turn.retention)]
+
+    def respond(self, body: ResponsesBody, generations: list[Generation], results: list[Result]) -> Any:
+        ((text, got, last),) = results
+        content, calls = outputs_of(self.turn, text)
+        output = ([message_item(content)] if content else []) + [call_item(c) for c in calls]
+        response = response_object(self.turn, self.model, finished_status(last), output, last, self.created)
+        remember(self.request, self.turn, response, content, calls, got.ids)
+        return response
+
+    def events(self, body: ResponsesBody, generations: list[Generation],
+               chunks: AsyncIterator[tuple[int, Chunk]]) -> AsyncIterator[dict[str, Any]]:
+        return response_events(self.request, self.turn, self.model, self.created, only(chunks))
+
+
 @router.post("/v1/responses", openapi_extra=request_body(ResponsesBody))
 async def create_response(request: Request):
-    manager: TokenizerManager = request.app.state.manager
-    raw = await json_body(request)
-    body = ResponsesBody.model_validate(raw)
-    body.refuse_features_it_lacks()
-    check_model(request, body.model)
-    turn = prepare(request, body)
-    model, created = request.app.state.settings.model_name, time.time()
-    chunks = manager.stream(turn.ids, turn.params, namespace=turn.namespace, retention=turn.retention)
-    if body.stream:
-        first, rest = await first_then_rest(request, chunks)
-        if first is not None:
-            first.raise_if_error()
-        return StreamingResponse(sse_bytes(response_events(request, turn, model, created, rest)),
-                                 media_type="text/event-stream")
-    text, got, last = [], Collected(), None
-
-    async def collect() -> None:
-        nonlocal last
-        async for chunk in chunks:
-            text.append(chunk.text)
-            got.add(chunk)
-            last = chunk
-        last.raise_if_error()
-    await until_disconnected(request, collect())
-    content, calls = outputs_of(turn, "".join(text))
-    output = ([message_item(content)] if content else []) + [call_item(c) for c in calls]
-    response = response_object(turn, model, finished_status(last), output, last, created)
-    remember(request, turn, response, content, calls, got.ids)
-    return response
+    return await CreateResponse(request).handle()
 
 
 @router.get("/v1/responses/{response_id}")
@@ -311,14 +321,9 @@ async def response_events(request: Request, turn: Turn, model: str, created: flo
     yield {"type": "response.completed" if status == "completed" else "response.incomplete", "response": response}
 
 
-async def sse_bytes(events: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:
-    """Each event as `event: <type>` + data, numbered; a typed error mid-stream is an `error` event."""
-    n = 0
-    try:
-        async for event in events:
-            yield named_sse(event["type"], {**event, "sequence_number": n})
-            n += 1
-    except RadixKVError as e:
-        _, message, kind = error_of(e)
-        yield named_sse("error", {"type": "error", "code": kind, "message": message, "param": None,
-                                  "sequence_number": n})
+def keep_responses(app: FastAPI, settings: ServerSettings) -> None:
+    """The store `previous_response_id` reads (bounded by `--responses-store-size` and `-ttl`)."""
+    app.state.responses = ResponseStore(settings.responses_store_size, settings.responses_store_ttl)
+
+
+API = Api(router, setup=keep_responses)

@@ -1,40 +1,28 @@
-"""The FastAPI app: the routers of each API, the API key, the error handlers, and an OpenAPI
-document that describes the request bodies the routes really take.
-
-| router | endpoints |
-|---|---|
-| `native_api.py` | POST /generate, /tokenize, /detokenize, /abort_request |
-| `openai_api.py` | GET /v1/models; POST /v1/chat/completions, /v1/completions |
-| `responses_api.py` | POST /v1/responses; GET, DELETE /v1/responses/{id} |
-| `anthropic_api.py` | POST /v1/messages, /v1/messages/count_tokens |
-| `admin_api.py` | GET /health, /server_info, /metrics, /cache_tree, /dashboard; POST /flush_cache |
+"""The FastAPI app: the API key, the error handlers, the admin routes, each API's routes (given
+by the caller: `radixkv.server.api.APIS`), and an OpenAPI document that describes the request
+bodies the routes really take.
 
 Every error is `{"error": {"message", "type", "code"}}` with a 4xx/5xx status
-(`http_common.error_of` maps the core's typed errors), except on Anthropic's Messages API,
-whose errors are Anthropic's shape (`error_answer`); a bad request changes nothing in the
-runtime.
+(`common.error_of` maps the core's typed errors), except under an API whose errors have a shape
+of their own (`Api.error_response`: Anthropic's Messages API); a bad request changes nothing in
+the runtime.
 """
 
 from __future__ import annotations
 
 import logging
 import secrets
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
 from radixkv.errors import RadixKVError
-from radixkv.server import (
-    admin_api,
-    anthropic_api,
-    native_api,
-    openai_api,
-    responses_api,
-    sglang_api,
-)
-from radixkv.server.http_common import (
+from radixkv.server.http import admin
+from radixkv.server.http.common import (
     BODY_MODELS,
     DEFAULT_MAX_BODY_BYTES,
     ClientDisconnected,
@@ -42,12 +30,29 @@ from radixkv.server.http_common import (
     error_of,
     error_response,
 )
-from radixkv.server.metrics import ServerMetrics
-from radixkv.server.response_store import ResponseStore
-from radixkv.server.tokenizer_manager import TokenizerManager
+from radixkv.server.http.metrics import ServerMetrics
+from radixkv.server.runtime.tokenizer_manager import TokenizerManager
 from radixkv.version import __version__
 
-__all__ = ["DEFAULT_MAX_BODY_BYTES", "ServerSettings", "create_app"]
+__all__ = ["DEFAULT_MAX_BODY_BYTES", "Api", "ServerSettings", "create_app"]
+ErrorResponse = Callable[[int, str, str], JSONResponse]  # (status, message, type) -> the answer
+
+
+@dataclass(frozen=True)
+class Api:
+    """One API the server speaks: its routes; when its errors have a shape of their own, the
+    paths that answer in it (`prefix` and below) and how (`error_response`); and what it keeps
+    on the app (`setup`, e.g. the Responses API's store)."""
+
+    router: APIRouter
+    prefix: str | None = None
+    error_response: ErrorResponse | None = None
+    setup: Callable[[FastAPI, ServerSettings], None] | None = None
+
+    def serves(self, path: str) -> bool:
+        return self.prefix is not None and (path == self.prefix or path.startswith(self.prefix + "/"))
+
+
 logger = logging.getLogger(__name__)
 OPEN_PATHS = ("/health", "/dashboard")  # no key: liveness, and a page without data (its script sends the key)
 
@@ -57,11 +62,12 @@ class ApiKeyMiddleware:
     one of the keys (every path but `OPEN_PATHS`).
 
     Keys are compared in constant time, all of them every time, against both headers; the key
-    that matched is the request's principal (`http_common.principal`)."""
+    that matched is the request's principal (`common.principal`)."""
 
-    def __init__(self, app, api_keys: tuple[str, ...]):
+    def __init__(self, app, api_keys: tuple[str, ...], answer: Callable[[str, int, str, str], Response] | None = None):
         self.app = app
         self.keys = [key.encode() for key in api_keys]
+        self.answer = answer or (lambda path, status, message, kind: error_response(status, message, kind))
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http" and scope["path"] not in OPEN_PATHS:
@@ -74,33 +80,33 @@ class ApiKeyMiddleware:
                 if (by_bearer or by_api_key) and matched is None:
                     matched = i
             if matched is None:
-                response = error_answer(scope["path"], 401, "missing or wrong API key: send 'Authorization: Bearer "
-                                        "<key>' or 'x-api-key: <key>' (the server was started with --api-key)",
-                                        "authentication_error")
+                response = self.answer(scope["path"], 401, "missing or wrong API key: send 'Authorization: "
+                                       "Bearer <key>' or 'x-api-key: <key>' (the server was started with --api-key)",
+                                       "authentication_error")
                 await response(scope, receive, send)
                 return
             scope.setdefault("state", {})["principal"] = f"key{matched}"
         await self.app(scope, receive, send)
 
 
-def error_answer(path: str, status: int, message: str, kind: str) -> JSONResponse:
-    """An error in the shape of the API `path` belongs to: Anthropic's on its Messages API
-    (`anthropic_api.serves`), ours everywhere else."""
-    if anthropic_api.serves(path):
-        return anthropic_api.error_response(status, message)
-    return error_response(status, message, kind)
-
-
-def create_app(manager: TokenizerManager, settings: ServerSettings, metrics: ServerMetrics) -> FastAPI:
+def create_app(manager: TokenizerManager, settings: ServerSettings, metrics: ServerMetrics,
+               apis: Sequence[Api] = ()) -> FastAPI:
     app = FastAPI(title="radixkv", version=__version__, docs_url=None, redoc_url=None)
     app.state.manager, app.state.settings, app.state.metrics = manager, settings, metrics
     app.state.child_pids, app.state.ipc_directory = {}, None
-    app.state.responses = ResponseStore(settings.responses_store_size, settings.responses_store_ttl)
+
+    def error_answer(path: str, status: int, message: str, kind: str) -> JSONResponse:
+        """An error in the shape of the API `path` belongs to."""
+        own = next((api.error_response for api in apis if api.error_response is not None and api.serves(path)), None)
+        return (own or error_response)(status, message, kind)
+
     if settings.api_keys:
-        app.add_middleware(ApiKeyMiddleware, api_keys=settings.api_keys)
-    for router in (native_api.router, openai_api.router, responses_api.router, anthropic_api.router,
-                   admin_api.router, sglang_api.router):
-        app.include_router(router)
+        app.add_middleware(ApiKeyMiddleware, api_keys=settings.api_keys, answer=error_answer)
+    for api in apis:
+        if api.setup is not None:
+            api.setup(app, settings)
+        app.include_router(api.router)
+    app.include_router(admin.router)
 
     @app.exception_handler(RadixKVError)
     @app.exception_handler(ValidationError)
@@ -130,7 +136,7 @@ def create_app(manager: TokenizerManager, settings: ServerSettings, metrics: Ser
 
 def openapi_document(app: FastAPI) -> dict:
     """FastAPI's document, with each route's request body model (routes parse their bodies
-    themselves, for the limits and messages of `http_common.json_body`, so FastAPI cannot see
+    themselves, for the limits and messages of `common.json_body`, so FastAPI cannot see
     them) and a bearer-key security scheme when the server takes keys."""
     if app.openapi_schema is None:
         doc = get_openapi(title=app.title, version=app.version, routes=app.routes)

@@ -1,6 +1,6 @@
 """What every HTTP endpoint shares, written once: the settings, reading a JSON body within its
-limits, the error format and how typed errors map to HTTP statuses, server-sent events (with
-the one error tail a stream ends with), and leaving when the client does.
+limits, the error format and how typed errors map to HTTP statuses, and leaving when the client
+does (server-sent events are `sse.py`).
 
 Every error is `{"error": {"message", "type", "code"}}` with a 4xx/5xx status.
 """
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 
 from radixkv.errors import ErrorKind, RadixKVError, kind_of_error
@@ -25,7 +25,6 @@ DEFAULT_SHUTDOWN_TIMEOUT = 30.0
 STATUS_OF = {ErrorKind.INVALID_REQUEST: 400, ErrorKind.INTERNAL: 500, ErrorKind.UNAVAILABLE: 503}
 TYPE_OF = {ErrorKind.INVALID_REQUEST: "invalid_request_error", ErrorKind.INTERNAL: "internal_error",
            ErrorKind.UNAVAILABLE: "service_unavailable"}
-SSE_DONE = b"data: [DONE]\n\n"
 T = TypeVar("T")
 
 
@@ -145,7 +144,7 @@ async def parse(request: Request, model: type[T]) -> T:
 
 
 BODY_MODELS: dict[str, type[BaseModel]] = {}
-"""The request models the OpenAPI document publishes (`radixkv.server.http_app`)."""
+"""The request models the OpenAPI document publishes (`radixkv.server.http.app`)."""
 
 
 def request_body(model: type[BaseModel]) -> dict[str, Any]:
@@ -216,28 +215,3 @@ async def first_then_rest(request: Request, items: AsyncIterator[T]) -> tuple[T 
                 yield item
 
     return first, all_items()
-
-
-# -- server-sent events ----------------------------------------------------------------------------
-def sse(obj: Any) -> bytes:
-    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n".encode()
-
-
-def named_sse(event: str, data: dict[str, Any]) -> bytes:
-    """One server-sent event with an `event:` name (the Responses and Anthropic streams)."""
-    return f"event: {event}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n".encode()
-
-
-async def event_stream(events: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:
-    """`events` as server-sent events, then `[DONE]`. A typed error raised mid-stream ends it
-    with an error event first: the one way every stream of this server fails."""
-    try:
-        async for event in events:
-            yield sse(event)
-    except RadixKVError as e:
-        yield sse(error_body(*error_of(e)))
-    yield SSE_DONE
-
-
-def streaming_response(events: AsyncIterator[dict[str, Any]]) -> StreamingResponse:
-    return StreamingResponse(event_stream(events), media_type="text/event-stream")

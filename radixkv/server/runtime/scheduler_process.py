@@ -37,7 +37,7 @@ from radixkv.mem.tree_view import MAX_NODES, tree_nodes
 from radixkv.outputs import ReqOutput
 from radixkv.procs import PARENT_POLL_MS, become_child, parent_alive
 from radixkv.sched import Req
-from radixkv.server.sockets import Endpoints
+from radixkv.server.runtime.sockets import Endpoints
 
 CONTROLS = {"flush_cache": lambda s: {"flushed": s.flush_cache()}, "stats": lambda s: s.get_stats(),
             "cache_tree": lambda s: tree_nodes(s.cache, MAX_NODES)}

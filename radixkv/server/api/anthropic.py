@@ -14,7 +14,7 @@ retained); `input_tokens`: the rest.
 Streaming: Anthropic's named events (`message_start`, `ping`, per block `content_block_start` /
 `content_block_delta` / `content_block_stop`, `message_delta`, `message_stop`); a failure after
 the stream began ends it with an `error` event. Errors on these paths, streamed or not, are
-Anthropic's shape (`error_body`): `http_app` answers in it wherever `serves(path)`.
+Anthropic's shape (`error_body`): the app answers in it on every path under `PATH` (`API`).
 """
 
 from __future__ import annotations
@@ -25,34 +25,32 @@ from dataclasses import dataclass
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse
 
-from radixkv.errors import RadixKVError
 from radixkv.retention import Retention
 from radixkv.sampling_params import SamplingParams
-from radixkv.server.anthropic_protocol import (
+from radixkv.server.api.anthropic_protocol import (
     CountTokensBody,
     MessagesBody,
     PromptFields,
     conversation_of,
 )
-from radixkv.server.conversation import breakpoint_retention, render_ids
-from radixkv.server.http_common import (
-    error_of,
-    json_body,
-    named_sse,
-    request_body,
-    until_disconnected,
-)
-from radixkv.server.openai_api import check_model, started, with_call_grammar
-from radixkv.server.tokenizer_manager import Chunk, TokenizerManager
-from radixkv.server.tools import (
+from radixkv.server.api.conversation import breakpoint_retention, render_ids
+from radixkv.server.api.pipeline import Generation, Result, Serving, Usage, check_model, only, with_call_grammar
+from radixkv.server.api.tools import (
     CallStream,
     ToolCall,
     ToolSet,
     anthropic_tool_set,
     new_call_id,
 )
+from radixkv.server.http.app import Api
+from radixkv.server.http.sse import StreamFormat, encode_stream
+from radixkv.server.http.common import (
+    json_body,
+    request_body,
+)
+from radixkv.server.runtime.tokenizer_manager import Chunk
 
 router = APIRouter()
 PATH = "/v1/messages"
@@ -62,19 +60,19 @@ ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "
 Event = tuple[str, dict[str, Any]]
 
 
-def serves(path: str) -> bool:
-    """Whether `path` is one of this API's (whose errors are Anthropic's shape)."""
-    return path == PATH or path.startswith(PATH + "/")
-
-
 def error_body(status: int, message: str) -> dict[str, Any]:
     """Anthropic's error: `{"type": "error", "error": {"type", "message"}}`, the type by status."""
     kind = ERROR_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
     return {"type": "error", "error": {"type": kind, "message": message}}
 
 
-def error_response(status: int, message: str) -> JSONResponse:
+def error_response(status: int, message: str, kind: str | None = None) -> JSONResponse:
+    """Anthropic's error answer (its type follows from the status; our `kind` is not shown)."""
     return JSONResponse(error_body(status, message), status_code=status)
+
+
+STREAM = StreamFormat(named=True, done=False, error_event=lambda status, message, kind: error_body(status, message))
+"""Anthropic's stream: named events, no `[DONE]`, a failure mid-stream an `error` event."""
 
 
 @dataclass(frozen=True)
@@ -86,6 +84,10 @@ class Prompt:
     tools: ToolSet | None
     retention: Retention | None
     breakpoint_end: int  # tokens
+
+    def usage_of(self, usage: Usage) -> dict[str, int]:
+        """Anthropic's usage of the pipeline's record."""
+        return self.usage(usage.cached_tokens, usage.completion_tokens)
 
     def usage(self, cache_read: int, output_tokens: int) -> dict[str, int]:
         creation = max(0, self.breakpoint_end - cache_read)
@@ -129,28 +131,41 @@ def message_meta(request: Request) -> dict[str, Any]:
             "model": request.app.state.settings.model_name}
 
 
+class Messages(Serving):
+    """POST /v1/messages: one generation; Anthropic's named events when it streams."""
+
+    stream_format = STREAM
+
+    async def parse(self) -> MessagesBody:
+        return MessagesBody.model_validate(await json_body(self.request))
+
+    def build(self, body: MessagesBody) -> list[Generation]:
+        self.prompt = prompt = prompt_of(self.request, body)
+        params = body.sampling_dict()
+        if prompt.tools is not None and prompt.tools.forced:
+            params = with_call_grammar(params, prompt.tools)
+        sampling = SamplingParams.from_dict(params)
+        self.manager.check(prompt.ids, sampling)
+        self.meta = message_meta(self.request)
+        return [Generation(prompt.ids, sampling, retention=prompt.retention)]
+
+    def respond(self, body: MessagesBody, generations: list[Generation], results: list[Result]) -> Any:
+        ((text, _, last),) = results
+        prompt = self.prompt
+        content, calls = prompt.tools.parse(text) if prompt.tools is not None else (text, [])
+        blocks = ([{"type": "text", "text": content}] if content else []) + [tool_use_block(c) for c in calls]
+        reason, sequence = stop_reason(last.finish_reason, bool(calls), body.stop_sequences)
+        return {**self.meta, "content": blocks, "stop_reason": reason, "stop_sequence": sequence,
+                "usage": prompt.usage_of(Usage.of(len(prompt.ids), last.completion_tokens, [last]))}
+
+    def events(self, body: MessagesBody, generations: list[Generation],
+               chunks: AsyncIterator[tuple[int, Chunk]]) -> AsyncIterator[dict[str, Any]]:
+        return payloads(message_events(self.prompt, only(chunks), self.meta, body.stop_sequences))
+
+
 @router.post(PATH, openapi_extra=request_body(MessagesBody))
 async def messages(request: Request):
-    manager: TokenizerManager = request.app.state.manager
-    body = MessagesBody.model_validate(await json_body(request))
-    prompt = prompt_of(request, body)
-    params = body.sampling_dict()
-    if prompt.tools is not None and prompt.tools.forced:
-        params = with_call_grammar(params, prompt.tools)
-    sampling = SamplingParams.from_dict(params)
-    manager.check(prompt.ids, sampling)
-    meta = message_meta(request)
-    if body.stream:
-        chunks = await started(request, raising(manager.stream(prompt.ids, sampling, retention=prompt.retention)))
-        events = message_events(prompt, chunks, meta, body.stop_sequences)
-        return StreamingResponse(event_bytes(events), media_type="text/event-stream")
-    text, _, last = await until_disconnected(
-        request, manager.generate(prompt.ids, sampling, retention=prompt.retention))
-    content, calls = prompt.tools.parse(text) if prompt.tools is not None else (text, [])
-    blocks = ([{"type": "text", "text": content}] if content else []) + [tool_use_block(c) for c in calls]
-    reason, sequence = stop_reason(last.finish_reason, bool(calls), body.stop_sequences)
-    return {**meta, "content": blocks, "stop_reason": reason, "stop_sequence": sequence,
-            "usage": prompt.usage(last.cached_tokens, last.completion_tokens)}
+    return await Messages(request).handle()
 
 
 @router.post(f"{PATH}/count_tokens", openapi_extra=request_body(CountTokensBody))
@@ -161,24 +176,15 @@ async def count_tokens(request: Request):
 
 
 # -- streaming -------------------------------------------------------------------------------------
-async def raising(chunks: AsyncIterator[Chunk]) -> AsyncIterator[Chunk]:
-    """`chunks`, a failed one raised as its typed error; leaving early closes (aborts) the request."""
-    try:
-        async for chunk in chunks:
-            chunk.raise_if_error()
-            yield chunk
-    finally:
-        await chunks.aclose()
+async def payloads(events: AsyncIterator[Event]) -> AsyncIterator[dict[str, Any]]:
+    """The data of (name, data) events, each named by its data's type."""
+    async for _, data in events:
+        yield data
 
 
-async def event_bytes(events: AsyncIterator[Event]) -> AsyncIterator[bytes]:
+def event_bytes(events: AsyncIterator[Event]) -> AsyncIterator[bytes]:
     """`events` as named server-sent events; a typed error mid-stream ends it with an `error` event."""
-    try:
-        async for name, data in events:
-            yield named_sse(name, data)
-    except RadixKVError as e:
-        status, message, _ = error_of(e)
-        yield named_sse("error", error_body(status, message))
+    return encode_stream(payloads(events), STREAM)
 
 
 class ContentStream:
@@ -247,7 +253,7 @@ async def message_events(prompt: Prompt, chunks: AsyncIterator[Chunk], meta: dic
             opened = True
             yield "message_start", {"type": "message_start", "message": {
                 **meta, "content": [], "stop_reason": None, "stop_sequence": None,
-                "usage": prompt.usage(chunk.cached_tokens, 0)}}
+                "usage": prompt.usage_of(Usage.of(len(prompt.ids), 0, [chunk]))}}
             yield "ping", {"type": "ping"}
         if reader is None:
             shown: list[str | ToolCall] = [chunk.text] if chunk.text else []
@@ -262,5 +268,9 @@ async def message_events(prompt: Prompt, chunks: AsyncIterator[Chunk], meta: dic
             reason, sequence = stop_reason(chunk.finish_reason, content.calls > 0, stop_sequences)
             yield "message_delta", {"type": "message_delta",
                                     "delta": {"stop_reason": reason, "stop_sequence": sequence},
-                                    "usage": prompt.usage(chunk.cached_tokens, chunk.completion_tokens)}
+                                    "usage": prompt.usage_of(Usage.of(len(prompt.ids), chunk.completion_tokens,
+                                                                      [chunk]))}
             yield "message_stop", {"type": "message_stop"}
+
+
+API = Api(router, PATH, error_response)

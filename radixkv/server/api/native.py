@@ -11,26 +11,58 @@ from fastapi import APIRouter, Request
 from radixkv.errors import InvalidRequestError
 from radixkv.results import Collected
 from radixkv.sampling_params import LogprobParams, SamplingParams
-from radixkv.server.http_common import (
-    HTTPError,
-    all_or_none,
-    first_then_rest,
-    parse,
-    principal,
-    request_body,
-    streaming_response,
-    until_disconnected,
-)
-from radixkv.server.protocol import (
+from radixkv.server.api.pipeline import Generation, Result, Serving, only
+from radixkv.server.api.protocol import (
     MAX_N,
     AbortBody,
     DetokenizeBody,
     GenerateBody,
     TokenizeBody,
 )
-from radixkv.server.tokenizer_manager import Chunk, TokenizerManager
+from radixkv.server.http.app import Api
+from radixkv.server.http.common import (
+    HTTPError,
+    all_or_none,
+    parse,
+    principal,
+    request_body,
+)
+from radixkv.server.runtime.tokenizer_manager import Chunk, TokenizerManager
 
 router = APIRouter()
+
+
+class Generate(Serving):
+    """POST /generate: a body becomes a `NativeJob`, one generation per prompt and sample."""
+
+    async def parse(self) -> GenerateBody:
+        body = await parse(self.request, GenerateBody)
+        body.refuse_features_it_lacks()
+        return body
+
+    def build(self, body: GenerateBody) -> list[Generation]:
+        self.job = job = NativeJob.of(self.manager, body)
+        if body.stream and len(job.prompts) != 1:
+            raise InvalidRequestError("stream takes a single prompt and n=1")
+        who = principal(self.request)
+        return [Generation(ids, p, lp, body.namespace, rid=rid, principal=who)
+                for ids, p, rid, lp in zip(job.prompts, job.params, job.rids, job.logprobs)]
+
+    async def prefill(self, generations: list[Generation]) -> None:
+        """n > 1: compute each prompt once first, so its n samples read it from the cache."""
+        if self.job.n > 1:
+            distinct = len(generations) // self.job.n
+            await all_or_none(*(g.prefill().generate(self.manager) for g in generations[:distinct]))
+
+    def respond(self, body: GenerateBody, generations: list[Generation], results: list[Result]) -> Any:
+        outs = [{"text": text, "output_ids": got.ids,
+                 "meta_info": last.meta_info() | logprob_meta(self.manager, got, g.logprob, body.return_text_in_logprobs)}
+                for (text, got, last), g in zip(results, generations)]
+        return outs[0] if self.job.single else outs
+
+    def events(self, body: GenerateBody, generations: list[Generation],
+               chunks: AsyncIterator[tuple[int, Chunk]]) -> AsyncIterator[dict[str, Any]]:
+        return native_events(self.manager, only(chunks), generations[0].logprob, body.return_text_in_logprobs)
 
 
 @router.post("/generate", openapi_extra=request_body(GenerateBody))
@@ -41,29 +73,7 @@ async def generate(request: Request):
     As SGLang answers: with `n > 1` the results are a list, sample j of prompt i at index
     `j * prompts + i`; a stream's events carry the text and output ids so far, with the log-probs
     of that event's new tokens (`output_token_logprobs_length` counts them all)."""
-    manager: TokenizerManager = request.app.state.manager
-    body = await parse(request, GenerateBody)
-    body.refuse_features_it_lacks()
-    job = NativeJob.of(manager, body)
-    who, namespace = principal(request), body.namespace
-    if body.stream:
-        if len(job.prompts) != 1:
-            raise InvalidRequestError("stream takes a single prompt and n=1")
-        source = manager.stream(job.prompts[0], job.params[0], job.rids[0], namespace=namespace,
-                                logprob=job.logprobs[0], principal=who)
-        first, chunks = await first_then_rest(request, source)
-        if first is not None and first.error is not None:
-            await source.aclose()
-            first.raise_if_error()
-        return streaming_response(native_events(manager, chunks, job.logprobs[0], body.return_text_in_logprobs))
-    await until_disconnected(request, job.prefill_if_sampled(manager, namespace))
-    results = await until_disconnected(request, all_or_none(
-        *(manager.generate(ids, p, rid, namespace=namespace, logprob=lp, principal=who) for ids, p, rid, lp in
-          zip(job.prompts, job.params, job.rids, job.logprobs))))
-    outs = [{"text": text, "output_ids": got.ids,
-             "meta_info": last.meta_info() | logprob_meta(manager, got, lp, body.return_text_in_logprobs)}
-            for (text, got, last), lp in zip(results, job.logprobs)]
-    return outs[0] if job.single else outs
+    return await Generate(request).handle()
 
 
 class NativeJob:
@@ -106,13 +116,6 @@ class NativeJob:
             except InvalidRequestError as e:
                 raise InvalidRequestError(str(e) if single and n == 1 else f"request [{i}]: {e}") from None
         return cls(prompts, params, rids, logprobs, single and n == 1, n)
-
-    async def prefill_if_sampled(self, manager: TokenizerManager, namespace: str | None) -> None:
-        """n > 1: compute each prompt once first, so its n samples read it from the cache."""
-        if self.n > 1:
-            distinct = len(self.prompts) // self.n
-            await all_or_none(*(manager.generate(ids, SamplingParams(max_new_tokens=0), namespace=namespace)
-                                for ids in self.prompts[:distinct]))
 
 
 def samples_per_prompt(dicts: list[dict[str, Any]]) -> int:
@@ -233,3 +236,6 @@ def per_prompt(name: str, value, n: int) -> list:
     if len(values) != n:
         raise InvalidRequestError(f"{len(values)} values of {name} for {n} prompts")
     return values
+
+
+API = Api(router)

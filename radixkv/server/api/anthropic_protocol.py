@@ -1,5 +1,5 @@
 """Anthropic's Messages API requests: the bodies, and how their content blocks become the
-chat-template messages of `radixkv.server.conversation`, with their cache breakpoints.
+chat-template messages of `radixkv.server.api.conversation`, with their cache breakpoints.
 
 Blocks -> messages:
 - `text` blocks of one message join with `BLOCK_JOIN` (a blank line) into its content; a
@@ -28,7 +28,7 @@ from pydantic import Field
 
 from radixkv.errors import InvalidRequestError
 from radixkv.retention import Retention
-from radixkv.server.protocol import Strict
+from radixkv.server.api.protocol import Strict
 
 BLOCK_JOIN = "\n\n"
 ERROR_PREFIX = "Error: "

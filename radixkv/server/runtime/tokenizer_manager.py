@@ -47,7 +47,7 @@ from radixkv.outputs import TextOutput
 from radixkv.results import Collected
 from radixkv.retention import Retention
 from radixkv.sampling_params import LogprobParams, SamplingParams
-from radixkv.server.sockets import Endpoints
+from radixkv.server.runtime.sockets import Endpoints
 from radixkv.validation import RequestLimits, check_request
 
 logger = logging.getLogger(__name__)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from radixkv.ipc import DetokenizeParams, TextBatch, TokenBatch
 from radixkv.outputs import TextOutput
 from radixkv.procs import PARENT_POLL_MS, become_child, parent_alive, quiet_compute_threads
-from radixkv.server.sockets import Endpoints
+from radixkv.server.runtime.sockets import Endpoints
 from radixkv.tokenizer import TextStream
 
 
