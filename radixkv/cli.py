@@ -13,9 +13,9 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from dataclasses import MISSING, fields
 from typing import Any
 
+from radixkv.cli_flags import add_engine_flags, engine_options
 from radixkv.version import __version__
 
 SAMPLING_FLAGS = {
@@ -29,28 +29,6 @@ SAMPLING_FLAGS = {
 }
 
 
-# short spellings users know from SGLang and vLLM
-FLAG_ALIASES = {"tp_size": ["--tp"]}
-FLAG_METAVARS = {"max_cache_retention": "SECONDS"}
-
-
-def add_engine_flags(parser: argparse.ArgumentParser) -> None:
-    """One flag per `EngineConfig` field, with its documented meaning and default."""
-    from radixkv.config import EngineConfig
-
-    group = parser.add_argument_group("engine options")
-    for f in fields(EngineConfig):
-        flags = ["--" + f.name.replace("_", "-"), *FLAG_ALIASES.get(f.name, [])]
-        default = None if f.default is MISSING else f.default
-        help_text = f"{f.metadata.get('help', '')} (default: {default})"
-        if f.type == "bool":
-            group.add_argument(*flags, action="store_true", default=default, help=help_text)
-            continue
-        kind = {"int": int, "int | None": int, "float": float}.get(f.type, str)
-        group.add_argument(*flags, type=kind, default=default, help=help_text,
-                           metavar=FLAG_METAVARS.get(f.name, f.name.upper()), dest=f.name)
-
-
 def add_sampling_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("sampling")
     for name, (kind, default, help_text) in SAMPLING_FLAGS.items():
@@ -59,12 +37,6 @@ def add_sampling_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--stop", action="append", default=[], metavar="TEXT",
                        help="stop when this text appears (repeatable)")
     group.add_argument("--ignore-eos", action="store_true", help="keep going past end-of-sequence")
-
-
-def engine_options(args: argparse.Namespace) -> dict[str, Any]:
-    from radixkv.config import EngineConfig
-
-    return {f.name: getattr(args, f.name) for f in fields(EngineConfig)}
 
 
 def sampling_params(args: argparse.Namespace) -> dict[str, Any]:

@@ -70,31 +70,31 @@ class Scheduler:
         self.decoder = decoder
         self.tokenizer = None  # set by `load`
         self.eos_ids = frozenset(eos_ids) | frozenset(runner.model_config.eos_token_ids)
-        self.page_size = config.page_size
+        self.page_size = config.cache.page_size
         self.allocator = memory.allocator
         storage, identity = self._storage(config, runner, memory)
-        self.cache = make_prefix_cache(self.allocator, config.eviction_policy, runner.model_config.attention_scale,
-                                       host_tier=memory.host, disabled=config.disable_radix_cache,
+        self.cache = make_prefix_cache(self.allocator, config.cache.eviction_policy, runner.model_config.attention_scale,
+                                       host_tier=memory.host, disabled=config.cache.disable_radix_cache,
                                        storage=storage, identity=identity)
-        self.prefetcher = Prefetcher(self.cache, config.kv_storage_prefetch_policy,
-                                     config.kv_storage_prefetch_timeout) if storage is not None else None
+        self.prefetcher = Prefetcher(self.cache, config.storage.kv_storage_prefetch_policy,
+                                     config.storage.kv_storage_prefetch_timeout) if storage is not None else None
         self.waiting: deque[Req] = deque()
         self.running: list[Req] = []
         self.reqs: dict[str, Req] = {}
         self.grammar_waiting: dict[GrammarSpec, list[Req]] = {}  # requests whose grammar is compiling
         self.stats = SchedulerStats()
-        self.policy = SchedulePolicy(config.schedule_policy, self.cache, config.starvation_limit)
-        self.kv = RequestKV(memory, self.cache, config.retract_decode_steps)
+        self.policy = SchedulePolicy(config.scheduler.schedule_policy, self.cache, config.scheduler.starvation_limit)
+        self.kv = RequestKV(memory, self.cache, config.scheduler.retract_decode_steps)
         self.proposer = self._proposer(config)
         if hasattr(self.cache, "root"):  # remember evicted pages, to tell an evicted prefix from a new one
             self.cache.ghosts = GhostIndex()
         self.admission = Admission(config, self.kv, self.policy, self.stats, self.waiting, self.running,
                                    self.proposer, runner.context_length, self.prefetcher, self._explain)
-        self.post = PostProcessor(Sampler(runner.device, config.random_seed), self.eos_ids, runner.context_length,
+        self.post = PostProcessor(Sampler(runner.device, config.scheduler.random_seed), self.eos_ids, runner.context_length,
                                   decoder, runner.model_config.vocab_size, self.stats)
         self._grammars = None  # GrammarService, started by the first constrained request
-        self.timeline = open_timeline(config.timeline_file)
-        self.recorder = open_recorder(config.record_trace, config.record_trace_block_size)
+        self.timeline = open_timeline(config.telemetry.timeline_file)
+        self.recorder = open_recorder(config.telemetry.record_trace, config.telemetry.record_trace_block_size)
         self.kv_events = self._kv_event_publisher(config)
 
     def _explain(self, req: Req) -> dict[str, int]:
@@ -112,13 +112,13 @@ class Scheduler:
     @staticmethod
     def _storage(config: EngineConfig, runner: ModelRunner, memory: KVMemory):
         """(the storage tier `--kv-storage-dir` asks for, its key identity), or (None, b"")."""
-        if config.kv_storage_dir is None or memory.host is None or config.disable_radix_cache:
+        if config.storage.kv_storage_dir is None or memory.host is None or config.cache.disable_radix_cache:
             return None, b""
         return open_storage(config, runner.model_dir, memory)
 
     def _proposer(self, config: EngineConfig):
         """The draft proposer `speculative_algorithm` names, or None (speculation off)."""
-        name = config.speculative_algorithm
+        name = config.spec.speculative_algorithm
         if name is None:
             return None
         if name == "draft":
@@ -130,11 +130,11 @@ class Scheduler:
     def _kv_event_publisher(self, config: EngineConfig) -> KVEventPublisher | None:
         """The KV event publisher `kv_events_config` asks for, with the cache recording for it;
         None when off (the cache then records nothing)."""
-        if not config.kv_events.enabled:
+        if not config.telemetry.kv_events.enabled:
             return None
         from radixkv.sched.kv_events import KVEventPublisher
 
-        publisher = KVEventPublisher(config.kv_events, self.page_size)
+        publisher = KVEventPublisher(config.telemetry.kv_events, self.page_size)
         self.cache.events = CacheEventLog(self.page_size)
         return publisher
 
@@ -164,9 +164,9 @@ class Scheduler:
             raise InvalidRequestError(f"request id {req.rid!r} is already in use")
         self.validate(req)
         if req.retention is not None:  # --max-cache-retention caps every hint (0: none is kept)
-            req.retention = req.retention.capped(self.config.max_cache_retention) or None
+            req.retention = req.retention.capped(self.config.cache.max_cache_retention) or None
         if self.proposer is not None:
-            req.spec = DraftLength.start(self.config.speculative_num_draft_tokens, self.stats.spec_recent_rate)
+            req.spec = DraftLength.start(self.config.spec.speculative_num_draft_tokens, self.stats.spec_recent_rate)
         spec = req.params.grammar
         if spec is not None:
             grammars = self.grammar_compiler()
@@ -201,7 +201,7 @@ class Scheduler:
                                           "checkpoint lacks")
             from radixkv.constrained import GrammarBudget, GrammarService
 
-            budget = GrammarBudget(self.config.grammar_compile_timeout, self.config.grammar_compile_memory_bytes)
+            budget = GrammarBudget(self.config.grammar.grammar_compile_timeout, self.config.grammar.grammar_compile_memory_bytes)
             self._grammars = GrammarService(self.runner.model_dir, self.tokenizer.hf,
                                             self.runner.model_config.vocab_size, self.eos_ids, budget)
         return self._grammars
@@ -286,7 +286,7 @@ class Scheduler:
         if self.timeline is not None:
             self.timeline.step(forward_start, forward_time, seconds, batch.num_decode, batch.num_prefill_tokens,
                                [r.rid for r in batch.reqs])
-        if self.config.log_level == "debug":
+        if self.config.telemetry.log_level == "debug":
             self.check_invariants()
         return outputs
 
@@ -373,13 +373,13 @@ class Scheduler:
         return self.stats.to_dict() | {
             "waiting_requests": len(self.waiting) + sum(map(len, self.grammar_waiting.values())),
             "running_requests": len(self.running),
-            "max_cache_retention": self.config.max_cache_retention,
+            "max_cache_retention": self.config.cache.max_cache_retention,
         } | self.kv.stats() | self._host_stats() | self._storage_stats() | self.runner.parallel_stats() | self.runner.compile_stats() | self.runner.moe_stats() | (
             self.kv_events.stats() if self.kv_events is not None else {})
 
     def _host_stats(self) -> dict[str, Any]:
         host = self.memory.host
-        if host is None or self.config.disable_radix_cache:
+        if host is None or self.config.cache.disable_radix_cache:
             return {"host_total_tokens": 0}
         a = host.allocator
         return {"host_total_tokens": a.total_tokens, "host_used_tokens": a.total_tokens - a.free_tokens,
