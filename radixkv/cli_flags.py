@@ -9,7 +9,7 @@ import argparse
 from dataclasses import MISSING, Field, fields
 from typing import Any
 
-from radixkv.config import GROUPS, EngineConfig
+from radixkv.config import GROUPS, EngineConfig, ServerConfig
 
 ENGINE_GROUP_TITLES = {f.name: f.metadata["title"] for f in fields(EngineConfig)}
 """EngineConfig group attribute -> the title of its argparse group in `--help`."""
@@ -55,6 +55,16 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
         add_config_flags(parser, config_class, ENGINE_GROUP_TITLES[name])
 
 
+def add_server_flags(parser: argparse.ArgumentParser) -> None:
+    add_config_flags(parser, ServerConfig, "server")
+
+
 def engine_options(args: argparse.Namespace) -> dict[str, Any]:
     """The flat engine options parsed from the flags (what `EngineConfig.from_kwargs` takes)."""
     return {option.name: getattr(args, option.name) for group in GROUPS.values() for option in fields(group)}
+
+
+def server_config(args: argparse.Namespace) -> ServerConfig:
+    """The ServerConfig the flags ask for (repeated flags, parsed as lists, become tuples)."""
+    values = {option.name: getattr(args, option.name) for option in fields(ServerConfig)}
+    return ServerConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
