@@ -9,7 +9,7 @@ import argparse
 from dataclasses import MISSING, Field, fields
 from typing import Any
 
-from radixkv.config import GROUPS, EngineConfig, ServerConfig
+from radixkv.config import GROUPS, OPTION_GROUPS, EngineConfig, ServerConfig
 
 ENGINE_GROUP_TITLES = {f.name: f.metadata["title"] for f in fields(EngineConfig)}
 """EngineConfig group attribute -> the title of its argparse group in `--help`."""
@@ -61,7 +61,7 @@ def add_server_flags(parser: argparse.ArgumentParser) -> None:
 
 def engine_options(args: argparse.Namespace) -> dict[str, Any]:
     """The flat engine options parsed from the flags (what `EngineConfig.from_kwargs` takes)."""
-    return {option.name: getattr(args, option.name) for group in GROUPS.values() for option in fields(group)}
+    return {name: getattr(args, name) for name in OPTION_GROUPS}
 
 
 def server_config(args: argparse.Namespace) -> ServerConfig:

@@ -39,7 +39,7 @@ class DraftModelProposer:
 
     @classmethod
     def load(cls, config: EngineConfig, target) -> DraftModelProposer:
-        """Load `config.speculative_draft_model_path` beside the target runner `target`."""
+        """Load `config.spec.speculative_draft_model_path` beside the target runner `target`."""
         from radixkv.model.runner import ModelRunner
 
         draft_config = config.with_options(model=config.spec.speculative_draft_model_path, speculative_algorithm=None,
