@@ -76,7 +76,7 @@ def main(argv=None) -> int:
 
     groups = set(args.cases.split(","))
     start = time.perf_counter()
-    runner = ModelRunner.load(EngineConfig(compile="on", max_total_tokens=64 * 2400, max_running_requests=64))
+    runner = ModelRunner.load(EngineConfig.from_kwargs(compile="on", max_total_tokens=64 * 2400, max_running_requests=64))
     print(f"loaded and compiled in {time.perf_counter() - start:.1f} s: {runner.compile_stats()}")
     compiled = runner.compiled
 

@@ -76,7 +76,7 @@ class Harness:
         from radixkv.config import EngineConfig
         from radixkv.model.runner import ModelRunner
 
-        self.config = EngineConfig(max_total_tokens=64, log_level="warning")
+        self.config = EngineConfig.from_kwargs(max_total_tokens=64, log_level="warning")
         self.base = ModelRunner.load(self.config, progress=False)
         from radixkv.tokenizer import Tokenizer
 
@@ -90,7 +90,7 @@ class Harness:
         b = self.base
         layout = dataclasses.replace(b.layout, page_size=1, kv_cache_dtype=fmt)
         memory = KVMemory(layout, tokens, max_reqs=len(PROMPTS) + 1, max_context_len=tokens + 1, device=b.device)
-        config = dataclasses.replace(self.config, kv_cache_dtype=fmt, page_size=1)
+        config = self.config.with_options(kv_cache_dtype=fmt, page_size=1)
         return ModelRunner(config, b.model, memory, b.model_dir, b.context_length)
 
 

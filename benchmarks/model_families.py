@@ -94,7 +94,7 @@ def layouts(args) -> dict:
     runners, out = {}, {}
     for kind in tqdm(LAYOUTS, desc="building models"):
         save_layout_model(kind, tmp / kind)
-        runners[kind] = ModelRunner.load(EngineConfig(model=str(tmp / kind), max_total_tokens=8 * (CONTEXT + 64),
+        runners[kind] = ModelRunner.load(EngineConfig.from_kwargs(model=str(tmp / kind), max_total_tokens=8 * (CONTEXT + 64),
                                                       max_running_requests=8, compile="off"), progress=False)
         layout, pool = runners[kind].memory.layout, runners[kind].memory.pool
         measured = pool.nbytes // pool.num_slots

@@ -61,7 +61,7 @@ def main(argv=None) -> int:
     from radixkv.model.static_batch import generate_static
 
     max_b = max(args.batch_sizes)
-    runner = ModelRunner.load(EngineConfig(model=args.model, dtype=args.dtype, max_running_requests=max_b,
+    runner = ModelRunner.load(EngineConfig.from_kwargs(model=args.model, dtype=args.dtype, max_running_requests=max_b,
                                       max_total_tokens=max_b * 512))
     tok = AutoTokenizer.from_pretrained(runner.model_dir)
     tok.padding_side = "left"

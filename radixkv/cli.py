@@ -13,9 +13,9 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from dataclasses import MISSING, fields
 from typing import Any
 
+from radixkv.cli_flags import add_engine_flags, add_server_flags, engine_options, server_config
 from radixkv.version import __version__
 
 SAMPLING_FLAGS = {
@@ -29,28 +29,6 @@ SAMPLING_FLAGS = {
 }
 
 
-# short spellings users know from SGLang and vLLM
-FLAG_ALIASES = {"tp_size": ["--tp"]}
-FLAG_METAVARS = {"max_cache_retention": "SECONDS"}
-
-
-def add_engine_flags(parser: argparse.ArgumentParser) -> None:
-    """One flag per `EngineConfig` field, with its documented meaning and default."""
-    from radixkv.config import EngineConfig
-
-    group = parser.add_argument_group("engine options")
-    for f in fields(EngineConfig):
-        flags = ["--" + f.name.replace("_", "-"), *FLAG_ALIASES.get(f.name, [])]
-        default = None if f.default is MISSING else f.default
-        help_text = f"{f.metadata.get('help', '')} (default: {default})"
-        if f.type == "bool":
-            group.add_argument(*flags, action="store_true", default=default, help=help_text)
-            continue
-        kind = {"int": int, "int | None": int, "float": float}.get(f.type, str)
-        group.add_argument(*flags, type=kind, default=default, help=help_text,
-                           metavar=FLAG_METAVARS.get(f.name, f.name.upper()), dest=f.name)
-
-
 def add_sampling_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("sampling")
     for name, (kind, default, help_text) in SAMPLING_FLAGS.items():
@@ -59,12 +37,6 @@ def add_sampling_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--stop", action="append", default=[], metavar="TEXT",
                        help="stop when this text appears (repeatable)")
     group.add_argument("--ignore-eos", action="store_true", help="keep going past end-of-sequence")
-
-
-def engine_options(args: argparse.Namespace) -> dict[str, Any]:
-    from radixkv.config import EngineConfig
-
-    return {f.name: getattr(args, f.name) for f in fields(EngineConfig)}
 
 
 def sampling_params(args: argparse.Namespace) -> dict[str, Any]:
@@ -96,36 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "POST /flush_cache, /abort_request. "
                     "Prints one 'radixkv ready: URL' line once the model is loaded; Ctrl-C or SIGTERM "
                     "stops every process it started.")
-    srv.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s; "
-                     "0.0.0.0 for every interface)")
-    srv.add_argument("--port", type=int, default=30000, help="port to listen on (default: %(default)s)")
-    srv.add_argument("--api-key", action="append", default=None, metavar="KEY",
-                     help="require 'Authorization: Bearer KEY' on every endpoint but /health; repeat it for "
-                          "several clients, each its own principal (request ids a client chooses are its "
-                          "own: no other key can abort them or see them) (default: no key)")
-    srv.add_argument("--shutdown-timeout", type=float, default=30.0, metavar="SECONDS",
-                     help="on SIGTERM, stop taking requests and give those in flight this long to finish; "
-                          "then each left ends with an error (a stream with an error event and [DONE]) and "
-                          "the server exits. Ctrl-C ends them at once (default: %(default)s)")
-    srv.add_argument("--served-model-name", default=None, help="the model's name in /v1/models and in "
-                     "OpenAI requests (default: SmolLM2-135M-Instruct, or the model directory's name)")
-    srv.add_argument("--max-body-bytes", type=int, default=None, help="largest request body accepted; "
-                     "larger ones get HTTP 413 (default: 8 MiB)")
-    srv.add_argument("--responses-store-size", type=int, default=1024, metavar="N",
-                     help="Responses API: keep at most N responses (per server, each visible only to the "
-                          "API key that made it) for previous_response_id and GET /v1/responses/{id}; the "
-                          "oldest go first; 0 keeps none (default: %(default)s)")
-    srv.add_argument("--responses-store-ttl", type=float, default=3600.0, metavar="SECONDS",
-                     help="Responses API: forget a stored response this long after it was made "
-                          "(default: %(default)s)")
-    srv.add_argument("--dp", type=int, default=1, help="data parallelism: start this many workers (on "
-                     "ports PORT+1 .. PORT+N, each with these engine flags) behind a cache-aware router "
-                     "on PORT (default: 1, no router)")
-    srv.add_argument("--router", choices=("embedded", "sglang"), default="embedded",
-                     help="with --dp N, the router in front of the workers: embedded (radixkv's own, "
-                          "cache-aware, no extra dependency) or sglang (SGLang's Rust router, "
-                          "`pip install 'radixkv[router]'`, policy cache_aware; the embedded one is used, "
-                          "with a warning, when it is not installed) (default: %(default)s)")
+    add_server_flags(srv)
     add_engine_flags(srv)
 
     chat = sub.add_parser("chat", help="chat in the terminal",
@@ -323,18 +266,15 @@ def run_serve(args: argparse.Namespace) -> int:
     from radixkv.server.launch import serve
 
     config = EngineConfig.from_kwargs(**engine_options(args))  # validated here, once, for every worker
-    if args.router != "embedded" and args.dp == 1:
-        print("radixkv: error: --router chooses the router in front of --dp N workers; give --dp 2 or more",
-              file=sys.stderr)
-        return 2
-    if args.dp != 1:
+    server = server_config(args)
+    if server.dp != 1:
         from radixkv.router.launch import serve_data_parallel
 
         return serve_data_parallel(args)
-    return serve(config, host=args.host, port=args.port, api_keys=tuple(args.api_key or ()),
-                 served_model_name=args.served_model_name, max_body_bytes=args.max_body_bytes,
-                 shutdown_timeout=args.shutdown_timeout, responses_store_size=args.responses_store_size,
-                 responses_store_ttl=args.responses_store_ttl)
+    return serve(config, host=server.host, port=server.port, api_keys=server.api_keys,
+                 served_model_name=server.served_model_name, max_body_bytes=server.max_body_bytes,
+                 shutdown_timeout=server.shutdown_timeout, responses_store_size=server.responses_store_size,
+                 responses_store_ttl=server.responses_store_ttl)
 
 
 def run_router(args: argparse.Namespace) -> int:

@@ -52,7 +52,7 @@ class Engine:
 
     def __init__(self, model: str | None = None, *, progress: bool = True, **options: Any):
         self.config = EngineConfig.from_kwargs(model=model, **options)
-        setup_logging(self.config.log_level)
+        setup_logging(self.config.telemetry.log_level)
         self.core = EngineCore.load(self.config, progress=progress)
         self.runner = self.core.runner
         self.tokenizer = self.core.tokenizer

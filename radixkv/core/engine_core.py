@@ -60,24 +60,24 @@ class EngineCore:
         self.runner = runner
         self.memory = runner.memory
         self.tokenizer = tokenizer
-        self.page_size = config.page_size
+        self.page_size = config.cache.page_size
         self.allocator = self.memory.allocator
         eos = tokenizer.eos_token_ids if tokenizer else frozenset()
         self.eos_ids = frozenset(eos) | frozenset(runner.model_config.eos_token_ids)
         self.cache = make_cache_manager(config, self.memory, runner.model_config.attention_scale, runner.model_dir)
-        prefetcher = Prefetcher(self.cache, config.kv_storage_prefetch_policy,
-                                config.kv_storage_prefetch_timeout) if self.cache.reads_storage else None
+        prefetcher = Prefetcher(self.cache, config.storage.kv_storage_prefetch_policy,
+                                config.storage.kv_storage_prefetch_timeout) if self.cache.reads_storage else None
         self.cache.track_evicted()  # remember evicted pages, to tell an evicted prefix from a new one
         self.stats = SchedulerStats()
         self.proposer = self._proposer(config)
         self.scheduler = Scheduler(config, self.memory, self.cache, self.limits, self.eos_ids, tokenizer,
                                    self.proposer, prefetcher, self.stats)
-        sampling = Sampling(Sampler(runner.device, config.random_seed), self.eos_ids,
+        sampling = Sampling(Sampler(runner.device, config.scheduler.random_seed), self.eos_ids,
                             runner.model_config.vocab_size, self.stats)
         self.executor = Executor(runner, sampling)
         self._grammars = None  # GrammarService, started by the first constrained request
-        self.timeline = open_timeline(config.timeline_file)
-        self.recorder = open_recorder(config.record_trace, config.record_trace_block_size)
+        self.timeline = open_timeline(config.telemetry.timeline_file)
+        self.recorder = open_recorder(config.telemetry.record_trace, config.telemetry.record_trace_block_size)
         if self.recorder is not None:
             self.scheduler.on_accept.append(self.recorder.arrived)
         for telemetry in (self.timeline, self.recorder):
@@ -100,7 +100,7 @@ class EngineCore:
 
     def _proposer(self, config: EngineConfig):
         """The draft proposer `speculative_algorithm` names, or None (speculation off)."""
-        name = config.speculative_algorithm
+        name = config.spec.speculative_algorithm
         if name is None:
             return None
         if name == "draft":
@@ -112,11 +112,11 @@ class EngineCore:
     def _kv_event_publisher(self, config: EngineConfig) -> KVEventPublisher | None:
         """The KV event publisher `kv_events_config` asks for, with the cache recording for it;
         None when off (the cache then records nothing)."""
-        if not config.kv_events.enabled:
+        if not config.telemetry.kv_events.enabled:
             return None
         from radixkv.sched.kv_events import KVEventPublisher
 
-        publisher = KVEventPublisher(config.kv_events, self.page_size)
+        publisher = KVEventPublisher(config.telemetry.kv_events, self.page_size)
         self.cache.record_events()
         return publisher
 
@@ -148,7 +148,7 @@ class EngineCore:
                                           "checkpoint lacks")
             from radixkv.constrained import GrammarBudget, GrammarService
 
-            budget = GrammarBudget(self.config.grammar_compile_timeout, self.config.grammar_compile_memory_bytes)
+            budget = GrammarBudget(self.config.grammar.grammar_compile_timeout, self.config.grammar.grammar_compile_memory_bytes)
             self._grammars = GrammarService(self.runner.model_dir, self.tokenizer.hf,
                                             self.runner.model_config.vocab_size, self.eos_ids, budget)
         return self._grammars
@@ -194,7 +194,7 @@ class EngineCore:
         outputs += self.scheduler.update(out, result)
         if result.error is None:
             self._record_step(out, result, start)
-            if self.config.log_level == "debug":
+            if self.config.telemetry.log_level == "debug":
                 self.check_invariants()
         return outputs
 

@@ -48,20 +48,20 @@ def make_cache_manager(config: EngineConfig, memory: KVMemory, attention_scale: 
     """The cache `config` asks for over `memory` (its allocator and host tier), for the model
     in `model_dir` (what the storage tier's keys are seeded with)."""
     storage, identity = None, b""
-    if config.kv_storage_dir is not None and memory.host is not None and not config.disable_radix_cache:
+    if config.storage.kv_storage_dir is not None and memory.host is not None and not config.cache.disable_radix_cache:
         storage, identity = open_storage(config, model_dir, memory)
-    return make_prefix_cache(memory.allocator, config.eviction_policy, attention_scale, host_tier=memory.host,
-                             disabled=config.disable_radix_cache, storage=storage, identity=identity)
+    return make_prefix_cache(memory.allocator, config.cache.eviction_policy, attention_scale, host_tier=memory.host,
+                             disabled=config.cache.disable_radix_cache, storage=storage, identity=identity)
 
 
 def open_storage(config: EngineConfig, model_dir: Path, memory: KVMemory) -> tuple[DiskKVStorage, bytes]:
     """The storage tier `--kv-storage-dir` asks for, over `memory`'s pool, and its key identity."""
     pool = memory.pool
     shapes = pool.page_shapes()
-    identity = storage_identity(model_fingerprint(model_dir), config.kv_cache_dtype, config.page_size, shapes)
+    identity = storage_identity(model_fingerprint(model_dir), config.cache.kv_cache_dtype, config.cache.page_size, shapes)
     row_bytes = sum(t.numel() // t.shape[0] * t.element_size() for tensors in pool.storage for t in tensors)
-    pages = host_tier_pages(config.kv_storage_size, config.page_size, row_bytes, "kv_storage_size")
-    tier_config = StorageTierConfig(pages, config.page_size, config.kv_storage_write_policy,
-                                    config.kv_storage_hit_threshold, config.kv_storage_prefetch_policy,
-                                    config.kv_storage_prefetch_timeout)
-    return DiskKVStorage(tier_config, config.kv_storage_dir, identity, shapes), identity
+    pages = host_tier_pages(config.storage.kv_storage_size, config.cache.page_size, row_bytes, "kv_storage_size")
+    tier_config = StorageTierConfig(pages, config.cache.page_size, config.storage.kv_storage_write_policy,
+                                    config.storage.kv_storage_hit_threshold, config.storage.kv_storage_prefetch_policy,
+                                    config.storage.kv_storage_prefetch_timeout)
+    return DiskKVStorage(tier_config, config.storage.kv_storage_dir, identity, shapes), identity

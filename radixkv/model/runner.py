@@ -49,23 +49,23 @@ logger = logging.getLogger(__name__)
 
 def rank_threads(config: EngineConfig) -> int:
     """Torch threads of one rank: the `num_threads` option, else the usable cores shared out."""
-    if config.num_threads is not None:
-        return config.num_threads
-    return max(1, usable_cores() // config.tp_size)
+    if config.runtime.num_threads is not None:
+        return config.runtime.num_threads
+    return max(1, usable_cores() // config.runtime.tp_size)
 
 
 def kv_layout(config: EngineConfig, mc: ModelConfig, shard: TPShard) -> KVLayout:
     """The KV layout of one rank's pool: its KV heads (or MLA's one latent), every layer."""
     heads, head_dim, rope = mc.kv_heads_and_dim
     latent = rope is not None
-    return KVLayout(mc.num_layers, heads if latent else shard.local(heads), head_dim, config.page_size,
-                    config.torch_dtype, config.kv_cache_dtype, latent, rope or 0)
+    return KVLayout(mc.num_layers, heads if latent else shard.local(heads), head_dim, config.cache.page_size,
+                    config.runtime.torch_dtype, config.cache.kv_cache_dtype, latent, rope or 0)
 
 
 def load_rank_model(config: EngineConfig, model_dir: Path, shard: TPShard, comm, device: torch.device,
                     progress: bool) -> tuple[LlamaForCausalLM, int]:
     """This rank's part of the model, its linear layers prepacked on CPU; and how many were."""
-    dtype = config.torch_dtype
+    dtype = config.runtime.torch_dtype
     if device.type == "cpu":
         tune_malloc()
     model = load_model(model_dir, device, dtype, progress=progress, shard=shard, comm=comm)
@@ -106,9 +106,9 @@ class ModelRunner:
         self.model_dir = model_dir
         self.context_length = context_length
         self.device = memory.device
-        self.dtype = config.torch_dtype
+        self.dtype = config.runtime.torch_dtype
         self.num_threads = None  # torch compute threads, when `load` chose them
-        self.backend = make_backend(config.attention_backend_name, memory.pool, memory.req_table.table)
+        self.backend = make_backend(config.runtime.attention_backend_name, memory.pool, memory.req_table.table)
         self.backend_fallback: str | None = None  # why the configured backend was replaced, if it was
         if self.backend.name == "triton":
             self._check_kernels()
@@ -125,13 +125,13 @@ class ModelRunner:
         on all of them.
         """
         num_threads = choose_num_threads(rank_threads(config))
-        device, tp = rank_device(config, 0), config.tp_size
+        device, tp = rank_device(config, 0), config.runtime.tp_size
         if tp > 1:
             use_rank_device(device)
-        model_dir = resolve_model_dir(config.model, config.cache_dir)
+        model_dir = resolve_model_dir(config.runtime.model, config.runtime.cache_dir)
         mc = ModelConfig.from_file(model_dir / "config.json")
         check_tp_size(mc, tp, f"{model_dir / 'config.json'}")
-        context_length = config.context_length or mc.max_position_embeddings
+        context_length = config.scheduler.context_length or mc.max_position_embeddings
         if context_length > mc.max_position_embeddings:
             raise ConfigError(f"context_length={context_length} exceeds the model's "
                               f"max_position_embeddings={mc.max_position_embeddings}")
@@ -144,10 +144,10 @@ class ModelRunner:
                                             device, progress)
             if workers is not None:
                 workers.wait_loaded()
-            memory = KVMemory.sized(kv_layout(config, mc, shard), max_reqs=config.max_running_requests,
+            memory = KVMemory.sized(kv_layout(config, mc, shard), max_reqs=config.scheduler.max_running_requests,
                                     context_length=context_length, device=device,
-                                    max_total_tokens=config.max_total_tokens, mem_fraction=config.kv_mem_fraction,
-                                    host_kv_size=config.host_kv_size, host_write_policy=config.host_write_policy,
+                                    max_total_tokens=config.cache.max_total_tokens, mem_fraction=config.cache.kv_mem_fraction,
+                                    host_kv_size=config.cache.host_kv_size, host_write_policy=config.cache.host_write_policy,
                                     shards=tp)
             if workers is not None:
                 workers.start(memory)
@@ -157,25 +157,25 @@ class ModelRunner:
             raise
         runner = cls(config, model, memory, model_dir, context_length, workers)
         runner.num_threads = num_threads
-        choice = choose_compile(config.compile, device, tp, moe=mc.moe is not None)
+        choice = choose_compile(config.runtime.compile, device, tp, moe=mc.moe is not None)
         if choice.enabled:
-            runner.start_compiled(cache_root(config.cache_dir))
+            runner.start_compiled(cache_root(config.runtime.cache_dir))
         else:
             logger.info("forward runs eager (%s)", choice.reason)
         layout = memory.layout
         logger.info(
             "model %s: %d layers, %d/%d heads, %s on %s; KV pool %d tokens (%d pages of %d), "
             "%.1f MiB, %d bytes/token (kv_cache_dtype %s); attention backend %s",
-            mc.architecture, mc.num_layers, mc.num_heads, mc.num_kv_heads, str(config.torch_dtype).replace("torch.", ""),
-            device, memory.total_tokens, memory.allocator.num_pages, config.page_size,
-            memory.pool.nbytes / 2**20, layout.bytes_per_token, config.kv_cache_dtype, runner.backend.name,
+            mc.architecture, mc.num_layers, mc.num_heads, mc.num_kv_heads, str(config.runtime.torch_dtype).replace("torch.", ""),
+            device, memory.total_tokens, memory.allocator.num_pages, config.cache.page_size,
+            memory.pool.nbytes / 2**20, layout.bytes_per_token, config.cache.kv_cache_dtype, runner.backend.name,
         )
         if tp > 1:
             logger.info("tensor parallel over %d ranks: each holds %d/%d heads, %d/%d KV heads; the KV figures "
                         "above are one rank's", tp, mc.num_heads // tp, mc.num_heads, mc.num_kv_heads // tp,
                         mc.num_kv_heads)
         logger.info("%d torch threads (%s; %d usable cores); %s", num_threads,
-                    "num_threads option" if config.num_threads is not None else "from CPU affinity",
+                    "num_threads option" if config.runtime.num_threads is not None else "from CPU affinity",
                     usable_cores(), f"{packed} linear layers prepacked for oneDNN" if packed
                     else "linear layers not prepacked (needs CPU + float32)")
         return runner

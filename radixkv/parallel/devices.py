@@ -9,8 +9,8 @@ from radixkv.config import EngineConfig
 
 def rank_device(config: EngineConfig, rank: int) -> torch.device:
     """The device of tensor-parallel rank `rank`: the config's, or `cuda:rank` with several GPUs."""
-    device = config.torch_device
-    if device.type == "cuda" and config.tp_size > 1:
+    device = config.runtime.torch_device
+    if device.type == "cuda" and config.runtime.tp_size > 1:
         return torch.device("cuda", rank)
     return device
 

@@ -42,12 +42,12 @@ class Admission:
     def schedule(self) -> ScheduleOutput | None:
         """The next forward's rows, or None when nothing can run."""
         decode, retracted = self._decode_rows()
-        budget = max(1, self.config.max_prefill_tokens - len(decode))  # prefill always progresses
+        budget = max(1, self.config.scheduler.max_prefill_tokens - len(decode))  # prefill always progresses
         rows = decode + self._prefill_rows(budget, admit=not retracted)
         while not rows and self.running:
             # every running request is stuck mid-prefill for lack of pages: the latest yields
             self.retract(max(self.running, key=lambda r: r.arrival_time))
-            rows = self._prefill_rows(self.config.max_prefill_tokens, admit=True)
+            rows = self._prefill_rows(self.config.scheduler.max_prefill_tokens, admit=True)
         return ScheduleOutput(rows, len(decode)) if rows else None
 
     def retract(self, req: Req) -> None:
@@ -119,14 +119,14 @@ class Admission:
         in_batch = InBatchPrefixes()
         rows, admitted = [], set()
         for req in self.policy.order(self.waiting):
-            if len(self.running) >= self.config.max_running_requests or budget <= 0:
+            if len(self.running) >= self.config.scheduler.max_running_requests or budget <= 0:
                 break
             key = match_key(req)
             if self.policy.cache_aware and in_batch.shares(key, req.match_len):
                 continue  # computed once by an earlier request of this batch, then hit
             if self.prefetcher is not None and not self.prefetcher.admit_ready(req):
                 continue  # its pages are still on their way from storage
-            chunk = min(budget, self.config.chunked_prefill_size or req.seq_len)
+            chunk = min(budget, self.config.scheduler.chunked_prefill_size or req.seq_len)
             done = self.kv.admit(req, req.peeked, chunk, self.kv.headroom(self.running))
             req.peeked = None  # a look is good for this step only
             if done is None:
@@ -160,4 +160,4 @@ class Admission:
 
     def _chunk(self, req: Req) -> int:
         """Prompt tokens `req` computes next, at most the chunked-prefill size."""
-        return min(req.seq_len - req.kv_len, self.config.chunked_prefill_size or req.seq_len)
+        return min(req.seq_len - req.kv_len, self.config.scheduler.chunked_prefill_size or req.seq_len)

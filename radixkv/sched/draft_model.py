@@ -11,7 +11,6 @@ back and its real sequence cached, so the draft cache only ever holds text the r
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 
 import torch
@@ -40,22 +39,21 @@ class DraftModelProposer:
 
     @classmethod
     def load(cls, config: EngineConfig, target) -> DraftModelProposer:
-        """Load `config.speculative_draft_model_path` beside the target runner `target`."""
+        """Load `config.spec.speculative_draft_model_path` beside the target runner `target`."""
         from radixkv.model.runner import ModelRunner
 
-        draft_config = dataclasses.replace(
-            config, model=config.speculative_draft_model_path, speculative_algorithm=None,
+        draft_config = config.with_options(model=config.spec.speculative_draft_model_path, speculative_algorithm=None,
             speculative_draft_model_path=None, host_kv_size=None, timeline_file=None,
-            max_total_tokens=config.max_total_tokens or None)
+            max_total_tokens=config.cache.max_total_tokens or None)
         runner = ModelRunner.load(draft_config, progress=False)
         if runner.model_config.vocab_size > target.model_config.vocab_size:
             raise ConfigError(
-                f"speculative_draft_model_path={config.speculative_draft_model_path!r}: its vocabulary "
+                f"speculative_draft_model_path={config.spec.speculative_draft_model_path!r}: its vocabulary "
                 f"({runner.model_config.vocab_size}) is larger than the target's "
                 f"({target.model_config.vocab_size}); the draft model must share the target's tokenizer")
         logger.info("draft model %s: %d layers, KV pool %d tokens", runner.model_config.architecture,
                     runner.model_config.num_layers, runner.memory.total_tokens)
-        return cls(runner, config.speculative_num_draft_tokens)
+        return cls(runner, config.spec.speculative_num_draft_tokens)
 
     def propose(self, req: Req, k: int) -> list[int]:
         return self.propose_batch([(req, k)]).get(req.rid, [])

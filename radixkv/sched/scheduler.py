@@ -74,8 +74,8 @@ class Scheduler:
         self.grammar_waiting: dict[GrammarSpec, list[Req]] = {}  # requests whose grammar is compiling
         self.on_accept: list[Callable[[Req], None]] = []
         self.on_finish: list[Callable[[Req], None]] = []
-        self.policy = SchedulePolicy(config.schedule_policy, cache, config.starvation_limit)
-        self.kv = RequestKV(memory, cache, config.retract_decode_steps)
+        self.policy = SchedulePolicy(config.scheduler.schedule_policy, cache, config.scheduler.starvation_limit)
+        self.kv = RequestKV(memory, cache, config.scheduler.retract_decode_steps)
         self.admission = Admission(config, self.kv, self.policy, self.stats, self.waiting, self.running,
                                    proposer, limits.context_length, prefetcher, self._explain)
         self.post = PostProcessor(eos_ids, limits.context_length, decoder, self.stats)
@@ -109,9 +109,9 @@ class Scheduler:
         """`req` passed `check`: it is the scheduler's until it finishes. Queued now, or when its
         grammar (`req.params.grammar`) has compiled if `grammar_compiling`."""
         if req.retention is not None:  # --max-cache-retention caps every hint (0: none is kept)
-            req.retention = req.retention.capped(self.config.max_cache_retention) or None
+            req.retention = req.retention.capped(self.config.cache.max_cache_retention) or None
         if self.proposer is not None:
-            req.spec = DraftLength.start(self.config.speculative_num_draft_tokens, self.stats.spec_recent_rate)
+            req.spec = DraftLength.start(self.config.spec.speculative_num_draft_tokens, self.stats.spec_recent_rate)
         self.reqs[req.rid] = req
         for hook in self.on_accept:
             hook(req)
@@ -259,5 +259,5 @@ class Scheduler:
         return self.stats.to_dict() | {
             "waiting_requests": len(self.waiting) + sum(map(len, self.grammar_waiting.values())),
             "running_requests": len(self.running),
-            "max_cache_retention": self.config.max_cache_retention,
+            "max_cache_retention": self.config.cache.max_cache_retention,
         } | self.kv.stats()

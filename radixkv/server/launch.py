@@ -23,7 +23,6 @@ import ipaddress
 import logging
 import signal
 import socket
-from dataclasses import replace
 from pathlib import Path
 
 from radixkv.config import EngineConfig
@@ -126,7 +125,7 @@ async def _serve(config: EngineConfig, host: str, port: int, settings) -> int:
         from radixkv.server.http.app import create_app
         from radixkv.tokenizer import Tokenizer
 
-        manager.tokenizer = Tokenizer(config.model)
+        manager.tokenizer = Tokenizer(config.runtime.model)
         manager.start()
         info = await wait_ready(manager, children, shutdown)
         if isinstance(info, int):
@@ -134,8 +133,8 @@ async def _serve(config: EngineConfig, host: str, port: int, settings) -> int:
         app = create_app(manager, settings, metrics, APIS)
         app.state.child_pids = {name: proc.pid for name, proc in children.procs.items()}
         app.state.ipc_directory = endpoints.directory
-        server = QuietServer(uvicorn.Config(app, host=host, port=port, log_level=config.log_level,
-                                            access_log=config.log_level == "debug", lifespan="off",
+        server = QuietServer(uvicorn.Config(app, host=host, port=port, log_level=config.telemetry.log_level,
+                                            access_log=config.telemetry.log_level == "debug", lifespan="off",
                                             timeout_graceful_shutdown=5))
         shutdown.on_force = lambda: setattr(server, "force_exit", True)  # uvicorn's own "stop now"
         shown = f"[{host}]" if ":" in host else host
@@ -173,7 +172,7 @@ def serve(config: EngineConfig, host: str = "127.0.0.1", port: int = 30000, api_
     from radixkv.server.api.response_store import ResponseStore
     from radixkv.server.http.common import DEFAULT_MAX_BODY_BYTES, ServerSettings
 
-    setup_logging(config.log_level)
+    setup_logging(config.telemetry.log_level)
     signal.signal(signal.SIGTERM, _exit_on_sigterm)  # until the server's own handlers drain instead
     if not 0 < port < 65536:
         raise ConfigError(f"--port {port}: must be in 1..65535")
@@ -188,9 +187,9 @@ def serve(config: EngineConfig, host: str = "127.0.0.1", port: int = 30000, api_
     warning = exposure_warning(host, api_keys)
     if warning:
         logger.warning(warning)
-    model_dir = resolve_model_dir(config.model, config.cache_dir)  # converts a GGUF once, with progress
-    name = served_model_name or (DEFAULT_MODEL_NAME if config.model is None else Path(config.model).stem)
-    config = replace(config, model=str(model_dir))
+    model_dir = resolve_model_dir(config.runtime.model, config.runtime.cache_dir)  # converts a GGUF once, with progress
+    name = served_model_name or (DEFAULT_MODEL_NAME if config.runtime.model is None else Path(config.runtime.model).stem)
+    config = config.with_options(model=str(model_dir))
     settings = ServerSettings(name, tuple(api_keys), max_body_bytes or DEFAULT_MAX_BODY_BYTES, shutdown_timeout,
                               responses_store_size, responses_store_ttl)
     quiet_compute_threads()  # the HTTP process only tokenizes and routes; children set their own

@@ -21,7 +21,6 @@ import subprocess
 import sys
 import time
 import weakref
-from dataclasses import asdict
 from datetime import timedelta
 from pathlib import Path
 
@@ -57,7 +56,7 @@ class TPWorkers:
     """Ranks 1..N-1 of the group rank 0 (this process) leads; `group` is rank 0's collectives."""
 
     def __init__(self, config: EngineConfig, store: dist.TCPStore, procs: list[subprocess.Popen]):
-        self.size = config.tp_size
+        self.size = config.runtime.tp_size
         self.store = store
         self.procs = procs
         self.journal = KVJournal()
@@ -70,19 +69,19 @@ class TPWorkers:
     def launch(cls, config: EngineConfig, model_dir: Path) -> TPWorkers:
         """Start ranks 1..N-1 and join the process groups with them (rank 0 is this process)."""
         store = dist.TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=60), wait_for_workers=False)
-        spec = json.dumps(asdict(config))
+        spec = json.dumps(config.to_kwargs())
         procs = [subprocess.Popen([sys.executable, "-m", "radixkv.tp.worker", "--rank", str(rank),
                                    "--store-port", str(store.port), "--parent-pid", str(os.getpid()),
                                    "--model-dir", str(model_dir), "--config", spec])
-                 for rank in range(1, config.tp_size)]
+                 for rank in range(1, config.runtime.tp_size)]
         workers = cls(config, store, procs)
         try:
             workers._wait_for("alive", "start")
-            workers.group = TPGroup(store, 0, config.tp_size, rank_device(config, 0))
+            workers.group = TPGroup(store, 0, config.runtime.tp_size, rank_device(config, 0))
         except BaseException:
             workers.close()
             raise
-        logger.info("tensor parallel: ranks 1..%d started (pids %s)", config.tp_size - 1,
+        logger.info("tensor parallel: ranks 1..%d started (pids %s)", config.runtime.tp_size - 1,
                     ", ".join(str(p.pid) for p in procs))
         return workers
 

@@ -38,8 +38,8 @@ def serve_rank(rank: int, store: dist.Store, config, model_dir: Path, logger: lo
     device = rank_device(config, rank)
     use_rank_device(device)
     store.set(f"alive/{rank}", "1")
-    group = TPGroup(store, rank, config.tp_size, device)
-    shard = TPShard(rank, config.tp_size)
+    group = TPGroup(store, rank, config.runtime.tp_size, device)
+    shard = TPShard(rank, config.runtime.tp_size)
     model, _ = load_rank_model(config, model_dir, shard, group, device, progress=False)
     store.set(f"loaded/{rank}", "1")
 
@@ -48,12 +48,12 @@ def serve_rank(rank: int, store: dist.Store, config, model_dir: Path, logger: lo
         return
     assert isinstance(start, TPStart), f"expected TPStart, got {type(start).__name__}"
     mc: ModelConfig = model.config
-    host_tokens = start.host_pages * config.page_size if start.host_pages else None
+    host_tokens = start.host_pages * config.cache.page_size if start.host_pages else None
     memory = KVMemory(kv_layout(config, mc, shard), start.num_pages, start.max_reqs, start.context_length,
                       device, host_tokens, start.host_write_policy)
     runner = ModelRunner(config, model, memory, model_dir, start.context_length)  # this rank's part only
     store.set(f"ready/{rank}", "1")
-    logger.info("rank %d of %d ready: %d/%d heads, %d/%d KV heads, %d KV pages", rank, config.tp_size,
+    logger.info("rank %d of %d ready: %d/%d heads, %d/%d KV heads, %d KV pages", rank, config.runtime.tp_size,
                 shard.local(mc.num_heads), mc.num_heads, shard.local(mc.num_kv_heads), mc.num_kv_heads,
                 start.num_pages)
     while True:
@@ -78,8 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     from radixkv.config import EngineConfig
     from radixkv.procs import become_child, watch_parent
 
-    config = EngineConfig(**json.loads(args.config))
-    logger = become_child(args.parent_pid, config.log_level, f"tp-rank{args.rank}", death_signal=False)
+    config = EngineConfig.from_kwargs(**json.loads(args.config))
+    logger = become_child(args.parent_pid, config.telemetry.log_level, f"tp-rank{args.rank}", death_signal=False)
     watch_parent(args.parent_pid)
     store = dist.TCPStore("127.0.0.1", args.store_port, None, False, timeout=timedelta(seconds=60))
     try:

@@ -7,7 +7,7 @@ from tests.tiny_models import TINY  # noqa: F401  (re-exported for the tests her
 
 def make_runner(model_dir, **kw):
     cfg = dict(model=str(model_dir), max_total_tokens=4096, max_running_requests=8)
-    return ModelRunner.load(EngineConfig(**{**cfg, **kw}), progress=False)
+    return ModelRunner.load(EngineConfig.from_kwargs(**{**cfg, **kw}), progress=False)
 
 
 def hf_greedy(hf_model, prompt, n):

@@ -123,9 +123,9 @@ def test_compile_option_is_validated(run_cli):
     from radixkv.config import EngineConfig
 
     with pytest.raises(ConfigError, match="compile='fast'"):
-        EngineConfig(compile="fast")
+        EngineConfig.from_kwargs(compile="fast")
     with pytest.raises(ConfigError, match="tp_size"):
-        EngineConfig(compile="on", tp_size=2)
+        EngineConfig.from_kwargs(compile="on", tp_size=2)
     out = run_cli("serve", "--help").stdout
     assert "--compile" in out
 

@@ -37,7 +37,7 @@ def test_num_threads_option_overrides_the_default(restore_threads, tiny_model_di
 @pytest.mark.parametrize("bad", [0, -2, 1.5])
 def test_num_threads_must_be_a_positive_integer(bad):
     with pytest.raises(ConfigError, match="num_threads"):
-        EngineConfig(num_threads=bad)
+        EngineConfig.from_kwargs(num_threads=bad)
 
 
 def test_malloc_tuning_takes_effect_on_glibc():

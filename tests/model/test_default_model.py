@@ -21,7 +21,7 @@ QUESTIONS = ["What is the capital of France?", "Write a haiku about the sea.",
 
 @pytest.fixture(scope="module")
 def runner():
-    return ModelRunner.load(EngineConfig(max_total_tokens=4096, max_running_requests=8), progress=False)
+    return ModelRunner.load(EngineConfig.from_kwargs(max_total_tokens=4096, max_running_requests=8), progress=False)
 
 
 def test_default_model_is_smollm2_with_gqa(runner):
@@ -51,5 +51,5 @@ def test_greedy_chat_answers_match_transformers_generate(runner):
 
 
 def test_kv_pool_sized_from_memory_fraction_is_capped_by_context(runner):
-    r = ModelRunner.load(EngineConfig(max_running_requests=2, context_length=1024), progress=False)
+    r = ModelRunner.load(EngineConfig.from_kwargs(max_running_requests=2, context_length=1024), progress=False)
     assert r.max_total_tokens == 2 * 1024  # no use for more than every request at full context

@@ -75,7 +75,7 @@ def test_long_prefill_mixed_with_a_decoding_request_matches_transformers(engine,
 @pytest.mark.slow  # 37 s; the flash path is checked against the reference at small shapes in tests/attention
 def test_fused_attention_logits_equal_the_reference_cold_and_warm(engine, prompt):
     """The torch backend's flash path against the masked reference, on the same inputs."""
-    ref = ModelRunner.load(EngineConfig(max_total_tokens=4096, attention_backend="reference",
+    ref = ModelRunner.load(EngineConfig.from_kwargs(max_total_tokens=4096, attention_backend="reference",
                                    log_level="warning"), progress=False)
     fused = engine.runner
     engine.flush_cache()

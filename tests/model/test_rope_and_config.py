@@ -52,7 +52,7 @@ def test_engine_config_names_the_bad_field(field, value, message):
     if field == "max_total_tokens":
         kw["page_size"] = 4
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        EngineConfig(**kw)
+        EngineConfig.from_kwargs(**kw)
 
 
 def test_engine_config_rejects_unknown_options():
@@ -63,4 +63,4 @@ def test_engine_config_rejects_unknown_options():
 def test_auto_values_resolve_for_this_machine():
     cfg = EngineConfig()
     if not torch.cuda.is_available():
-        assert (cfg.torch_device.type, cfg.torch_dtype, cfg.attention_backend_name) == ("cpu", torch.float32, "torch")
+        assert (cfg.runtime.torch_device.type, cfg.runtime.torch_dtype, cfg.runtime.attention_backend_name) == ("cpu", torch.float32, "torch")

@@ -51,8 +51,8 @@ def test_tp_size_that_does_not_divide_is_refused_naming_the_field(config, named)
 
 def test_engine_config_validates_tp_size():
     with pytest.raises(ConfigError, match="tp_size=0"):
-        EngineConfig(tp_size=0)
-    assert EngineConfig(tp_size=2).tp_size == 2
+        EngineConfig.from_kwargs(tp_size=0)
+    assert EngineConfig.from_kwargs(tp_size=2).runtime.tp_size == 2
 
 
 def test_tp_flag_and_its_long_form_set_tp_size():

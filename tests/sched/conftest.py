@@ -40,7 +40,7 @@ def tiny_scheduler(tiny_model_dir):
 
     def make(**options):
         opts = dict(max_total_tokens=1024, max_running_requests=8, log_level="warning")
-        return EngineCore.load(EngineConfig(model=str(tiny_model_dir("llama")), **{**opts, **options}),
+        return EngineCore.load(EngineConfig.from_kwargs(model=str(tiny_model_dir("llama")), **{**opts, **options}),
                                progress=False)
 
     return make

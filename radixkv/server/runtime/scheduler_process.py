@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from dataclasses import asdict
 from typing import Any
 
 import zmq
@@ -53,7 +52,7 @@ def scheduler_info(scheduler: EngineCore, config: EngineConfig) -> dict[str, Any
             "num_threads": scheduler.runner.num_threads, "device": str(scheduler.runner.device),
             "dtype": str(scheduler.runner.dtype).replace("torch.", ""),
             "attention_backend": scheduler.runner.backend.name,
-            "attention_backend_fallback": scheduler.runner.backend_fallback, "config": asdict(config),
+            "attention_backend_fallback": scheduler.runner.backend_fallback, "config": config.to_kwargs(),
             "kv_events": scheduler.kv_events.describe() if scheduler.kv_events is not None else None}
 
 
@@ -122,7 +121,7 @@ class ZmqInbox:
 
 def run_scheduler_process(config: EngineConfig, endpoints: Endpoints, parent_pid: int) -> None:
     """Entry point of the scheduler process (started by `radixkv.server.launch`)."""
-    logger = become_child(parent_pid, config.log_level, "scheduler")
+    logger = become_child(parent_pid, config.telemetry.log_level, "scheduler")
     ctx = zmq.Context(1)
     inbox_socket = ctx.socket(zmq.PULL)
     inbox_socket.bind(endpoints.scheduler)

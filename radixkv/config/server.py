@@ -1,0 +1,75 @@
+"""ServerConfig: the `radixkv serve` options that are not the engine's (where to listen, who may
+call, how long to drain, data parallelism). Its CLI flags are generated from these fields, as the
+engine's are from EngineConfig's."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from radixkv.config.fields import opt
+from radixkv.errors import ConfigError
+
+ROUTERS = ("embedded", "sglang")
+
+
+def _flag(default: Any, help: str, **flag: Any) -> Any:
+    """An option whose help text says its default itself."""
+    return opt(default, help, default_in_help=True, **flag)
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """How `radixkv serve` serves an engine over HTTP. Checks name the flag at fault."""
+
+    host: str = _flag("127.0.0.1", "address to listen on (default: %(default)s; 0.0.0.0 for every interface)")
+    port: int = _flag(30000, "port to listen on (default: %(default)s)")
+    api_key: tuple[str, ...] | None = _flag(
+        None, "require 'Authorization: Bearer KEY' on every endpoint but /health; repeat it for several "
+              "clients, each its own principal (request ids a client chooses are its own: no other key can "
+              "abort them or see them) (default: no key)", action="append", metavar="KEY")
+    shutdown_timeout: float = _flag(
+        30.0, "on SIGTERM, stop taking requests and give those in flight this long to finish; then each "
+              "left ends with an error (a stream with an error event and [DONE]) and the server exits. "
+              "Ctrl-C ends them at once (default: %(default)s)", metavar="SECONDS")
+    served_model_name: str | None = _flag(None, "the model's name in /v1/models and in OpenAI requests "
+                                        "(default: SmolLM2-135M-Instruct, or the model directory's name)")
+    max_body_bytes: int | None = _flag(None, "largest request body accepted; larger ones get HTTP 413 "
+                                     "(default: 8 MiB)")
+    responses_store_size: int = _flag(
+        1024, "Responses API: keep at most N responses (per server, each visible only to the API key that "
+              "made it) for previous_response_id and GET /v1/responses/{id}; the oldest go first; 0 keeps "
+              "none (default: %(default)s)", metavar="N")
+    responses_store_ttl: float = _flag(3600.0, "Responses API: forget a stored response this long after it "
+                                     "was made (default: %(default)s)", metavar="SECONDS")
+    dp: int = _flag(1, "data parallelism: start this many workers (on ports PORT+1 .. PORT+N, each with these "
+                  "engine flags) behind a cache-aware router on PORT (default: 1, no router)")
+    router: str = _flag("embedded", "with --dp N, the router in front of the workers: embedded (radixkv's own, "
+                      "cache-aware, no extra dependency) or sglang (SGLang's Rust router, "
+                      "`pip install 'radixkv[router]'`, policy cache_aware; the embedded one is used, with a "
+                      "warning, when it is not installed) (default: %(default)s)", choices=ROUTERS)
+
+    def __post_init__(self) -> None:
+        def check(ok: bool, why: str) -> None:
+            if not ok:
+                raise ConfigError(why)
+
+        check(isinstance(self.port, int) and 0 < self.port < 65536, f"--port {self.port}: must be in 1..65535")
+        check(self.api_key is None or all(isinstance(key, str) and key for key in self.api_key),
+              "--api-key: a key must not be empty")
+        check(0 <= self.shutdown_timeout <= 24 * 3600,
+              f"--shutdown-timeout {self.shutdown_timeout}: must be in [0, 86400] seconds")
+        check(self.max_body_bytes is None or self.max_body_bytes >= 1024,
+              f"--max-body-bytes {self.max_body_bytes}: must be at least 1024")
+        check(self.responses_store_size >= 0,
+              f"--responses-store-size={self.responses_store_size}: must be >= 0 (0 stores nothing)")
+        check(self.responses_store_ttl > 0, f"--responses-store-ttl={self.responses_store_ttl}: must be > 0 seconds")
+        check(isinstance(self.dp, int) and self.dp >= 1, f"--dp {self.dp}: must be a positive integer")
+        check(self.router in ROUTERS, f"--router {self.router}: must be one of {list(ROUTERS)}")
+        check(self.router == "embedded" or self.dp > 1,
+              "--router chooses the router in front of --dp N workers; give --dp 2 or more")
+
+    @property
+    def api_keys(self) -> tuple[str, ...]:
+        """The keys clients may present (none: no key is asked for)."""
+        return tuple(self.api_key or ())

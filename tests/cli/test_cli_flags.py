@@ -1,0 +1,61 @@
+"""CLI flags generated from the config dataclasses: one flag per option, with its help, in one
+argparse group per config group; `radixkv serve`'s own flags from ServerConfig the same way."""
+
+from dataclasses import fields
+
+import pytest
+
+from radixkv.cli import build_parser
+from radixkv.cli_flags import ENGINE_GROUP_TITLES, server_config
+from radixkv.config import GROUPS, ServerConfig
+from radixkv.errors import ConfigError
+
+
+def subcommand(name: str):
+    parser = build_parser()
+    return next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction").choices[name]
+
+
+@pytest.mark.parametrize("command", ["serve", "generate", "chat"])
+def test_every_option_has_exactly_one_flag_with_help(command):
+    parser = subcommand(command)
+    classes = [*GROUPS.values(), *([ServerConfig] if command == "serve" else [])]
+    for config_class in classes:
+        for option in fields(config_class):
+            actions = [a for a in parser._actions if a.dest == option.name]
+            assert len(actions) == 1, option.name
+            assert "--" + option.name.replace("_", "-") in actions[0].option_strings
+            assert actions[0].help and actions[0].help.strip(), option.name
+            assert actions[0].default == option.default, option.name
+
+
+def test_serve_help_shows_every_group(run_cli):
+    out = run_cli("serve", "--help")
+    assert out.returncode == 0
+    for title in [*ENGINE_GROUP_TITLES.values(), "server"]:
+        assert f"\n{title}:\n" in out.stdout, title
+    assert "--tp TP_SIZE" in out.stdout.replace("--tp-size TP_SIZE, --tp TP_SIZE", "--tp TP_SIZE")
+
+
+def test_server_flags_keep_their_forms():
+    args = subcommand("serve").parse_args(["--api-key", "a", "--api-key", "b", "--router", "sglang", "--dp", "2"])
+    server = server_config(args)
+    assert server.api_keys == ("a", "b") and (server.router, server.dp, server.port) == ("sglang", 2, 30000)
+    assert server_config(subcommand("serve").parse_args([])) == ServerConfig()
+    with pytest.raises(SystemExit):
+        subcommand("serve").parse_args(["--router", "nginx"])
+
+
+@pytest.mark.parametrize("options,named", [
+    ({"port": 0}, "--port 0"),
+    ({"dp": 0}, "--dp 0"),
+    ({"router": "sglang"}, "--dp"),
+    ({"api_key": ("",)}, "--api-key"),
+    ({"max_body_bytes": 10}, "--max-body-bytes 10"),
+    ({"shutdown_timeout": -1.0}, "--shutdown-timeout"),
+    ({"responses_store_size": -1}, "--responses-store-size"),
+    ({"responses_store_ttl": 0.0}, "--responses-store-ttl"),
+])
+def test_server_config_refuses_a_bad_value_naming_the_flag(options, named):
+    with pytest.raises(ConfigError, match=named):
+        ServerConfig(**options)
