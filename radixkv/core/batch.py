@@ -16,7 +16,7 @@ import torch
 from radixkv.attention import ForwardBatch, ForwardMode
 from radixkv.sched.kv import BatchRow
 from radixkv.sched.logprobs import prompt_rows
-from radixkv.sched.request import Req
+from radixkv.sched.records import ScheduleOutput
 
 
 @dataclass(slots=True)
@@ -32,20 +32,16 @@ class RowLayout:
 
 @dataclass(slots=True)
 class ScheduledBatch:
-    """One forward: decode rows (one token each) first, then prefill chunks."""
+    """One forward of a `ScheduleOutput` (decode rows first, then prefill chunks): its
+    `forward` batch and, per row in order, where its logits are."""
 
-    rows: list[BatchRow]
-    num_decode: int
+    schedule: ScheduleOutput
     forward: ForwardBatch
     layout: list[RowLayout]  # per row, in order
 
     @property
-    def reqs(self) -> list[Req]:
-        return [row.req for row in self.rows]
-
-    @property
-    def num_prefill_tokens(self) -> int:
-        return sum(len(row.tokens) for row in self.rows[self.num_decode:])
+    def rows(self) -> list[BatchRow]:
+        return self.schedule.rows
 
     @property
     def all_samples(self) -> bool:
@@ -53,7 +49,8 @@ class ScheduledBatch:
         return all(not lay.prompt and not lay.drafts for lay in self.layout)
 
     @classmethod
-    def build(cls, rows: list[BatchRow], num_decode: int, device: torch.device) -> ScheduledBatch:
+    def build(cls, schedule: ScheduleOutput, device: torch.device) -> ScheduledBatch:
+        rows, num_decode = schedule.rows, schedule.num_decode
         layout, index, offset, n = [], [], 0, 0
         for b, row in enumerate(rows):
             req = row.req
@@ -71,4 +68,4 @@ class ScheduledBatch:
         forward = ForwardBatch.build(mode, [row.tokens for row in rows], [row.req.row for row in rows],
                                      [row.start for row in rows], [s for row in rows for s in row.slots],
                                      device=device, logits=index)
-        return cls(rows, num_decode, forward, layout)
+        return cls(schedule, forward, layout)

@@ -27,7 +27,7 @@ class Executor:
         self.sampling = sampling
 
     def execute(self, out: ScheduleOutput) -> ModelOutput:
-        batch = ScheduledBatch.build(out.rows, out.num_decode, self.runner.device)
+        batch = ScheduledBatch.build(out, self.runner.device)
         start = time.perf_counter()
         try:
             logits = self.runner.forward(batch.forward)  # (N, V): the rows batch.layout names
