@@ -135,7 +135,7 @@ def load_config(model_or_config: str | Path) -> tuple[dict[str, Any], str]:
     """The parsed config.json of a model directory or config file (or `default`: the runtime's
     default model), and the file's path."""
     if str(model_or_config) == "default":
-        from radixkv.model.loader import resolve_model_dir  # (only here: the rest needs no torch)
+        from radixkv.model.model_dir import resolve_model_dir
 
         model_or_config = resolve_model_dir(None)
     path = Path(model_or_config).expanduser()

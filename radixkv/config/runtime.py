@@ -6,12 +6,17 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from radixkv.config.fields import opt, require
 
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+if TYPE_CHECKING:
+    import torch
+
+DTYPES = ("float32", "float16", "bfloat16")
+"""The `dtype` names besides auto (torch's own names). The config imports torch only to resolve
+a value, so a process that only parses flags or tokenizes (the HTTP and detokenizer processes)
+starts without it."""
 
 COMPILE_DEFAULT = os.environ.get("RADIXKV_COMPILE", "auto")
 """The `compile` default: $RADIXKV_COMPILE when set (e.g. `off` for short-lived scripts), else auto."""
@@ -48,7 +53,7 @@ class RuntimeConfig:
 
         check(isinstance(self.device, str) and (self.device in ("auto", "cpu") or self.device.startswith("cuda")),
               "device", "must be auto, cpu, cuda or cuda:N")
-        check(not self.device.startswith("cuda") or torch.cuda.is_available(), "device",
+        check(not self.device.startswith("cuda") or _cuda_count() > 0, "device",
               "CUDA is not available on this machine")
         check(self.dtype == "auto" or self.dtype in DTYPES, "dtype", f"must be auto or one of {list(DTYPES)}")
         check(self.attention_backend in ("auto", "torch", "triton", "reference"), "attention_backend",
@@ -62,24 +67,34 @@ class RuntimeConfig:
         if self.tp_size > 1 and self.torch_device.type == "cuda":
             check(self.device in ("auto", "cuda"), "tp_size", "with CUDA, the ranks take cuda:0..N-1: "
                   "give device=cuda (or auto), not one GPU")
-            check(torch.cuda.device_count() >= self.tp_size, "tp_size",
-                  f"needs one GPU per rank; this machine has {torch.cuda.device_count()}")
+            check(_cuda_count() >= self.tp_size, "tp_size",
+                  f"needs one GPU per rank; this machine has {_cuda_count()}")
 
     @property
     def torch_device(self) -> torch.device:
+        import torch
+
         if self.device == "auto":
             return torch.device("cuda" if torch.cuda.is_available() else "cpu")
         return torch.device(self.device)
 
     @property
     def torch_dtype(self) -> torch.dtype:
+        import torch
+
         if self.dtype == "auto":
             # bf16 matmuls are slow on CPUs without AVX-512/AMX; fp32 is the CPU default
             return torch.bfloat16 if self.torch_device.type == "cuda" else torch.float32
-        return DTYPES[self.dtype]
+        return getattr(torch, self.dtype)
 
     @property
     def attention_backend_name(self) -> str:
         if self.attention_backend == "auto":
             return "triton" if self.torch_device.type == "cuda" else "torch"
         return self.attention_backend
+
+
+def _cuda_count() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0

@@ -1,8 +1,7 @@
 """Load Hugging Face checkpoints (config.json + safetensors) into our model code.
 
-`resolve_model_dir` turns what a user names -- nothing (the embedded default model), a GGUF
-file, or a model directory -- into a directory of config.json + *.safetensors (+ tokenizer
-files). `load_model` builds `LlamaForCausalLM` without initialising weights and fills every
+What a user names becomes a model directory in `radixkv.model.model_dir` (no torch there, so
+the HTTP process resolves it without loading torch); `load_model` builds `LlamaForCausalLM` without initialising weights and fills every
 parameter from the checkpoint, fusing q/k/v and gate/up; a missing, unexpected or misshapen
 tensor is an error naming the file and the tensor.
 """
@@ -20,6 +19,7 @@ from tqdm import tqdm
 from radixkv.errors import ModelLoadError
 from radixkv.model.config import ModelConfig
 from radixkv.model.llama import LlamaForCausalLM
+from radixkv.model.model_dir import resolve_model_dir, safetensors_files  # noqa: F401 (re-exported)
 from radixkv.parallel.group import SingleRank
 from radixkv.parallel.shard import TPShard
 
@@ -40,39 +40,6 @@ def checkpoint_name(name: str) -> str:
     if m.group(1) is None:
         return f"{head}.mlp.gate.weight"
     return f"{head}.mlp.experts.{m.group(1)}.{_MIXTRAL_PROJ[m.group(2)]}.weight"
-
-
-def resolve_model_dir(model: str | Path | None, cache_dir: str | Path | None = None) -> Path:
-    """A directory holding config.json and safetensors weights for `model`.
-
-    `None` is the embedded default model (SmolLM2-135M-Instruct, converted once and cached);
-    a name in `gguf.NAMED_MODELS` (`gemma3-270m`) is its installed package's GGUF; a `.gguf`
-    file is converted once into the cache; a directory is used as is.
-    """
-    from radixkv.model import gguf
-
-    if model is None:
-        return gguf.default_model_dir(cache_dir)
-    if str(model) in gguf.NAMED_MODELS and not Path(model).exists():
-        return gguf.convert_gguf_cached(gguf.NAMED_MODELS[str(model)].gguf_path(cache_dir), cache_dir)
-    path = Path(model).expanduser()
-    if path.is_file() and path.suffix == ".gguf":
-        return gguf.convert_gguf_cached(path, cache_dir)
-    if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise ModelLoadError(f"model directory {path} has no config.json")
-        if not safetensors_files(path):
-            raise ModelLoadError(f"model directory {path} has no *.safetensors weights")
-        return path
-    raise ModelLoadError(
-        f"model {str(model)!r} is neither a model directory, a .gguf file nor one of "
-        f"{sorted(gguf.NAMED_MODELS)} (nothing is downloaded: give a local path, or no model for "
-        "the embedded default)"
-    )
-
-
-def safetensors_files(model_dir: Path) -> list[Path]:
-    return sorted(model_dir.glob("*.safetensors"))
 
 
 @dataclass(frozen=True, slots=True)
