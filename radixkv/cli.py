@@ -15,7 +15,7 @@ import sys
 import time
 from typing import Any
 
-from radixkv.cli_flags import add_engine_flags, add_server_flags, engine_options, server_config
+from radixkv.cli_flags import add_engine_flags, add_router_flags, add_server_flags, engine_options, router_config, server_config
 from radixkv.version import __version__
 
 SAMPLING_FLAGS = {
@@ -88,18 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "the worker that probably has its prefix cached (cache_aware), or by round_robin / "
                     "least_load. Workers that fail are taken out and used again once healthy; a request "
                     "that failed before any reply is retried on another worker.")
-    rtr.add_argument("--worker", action="append", required=True, metavar="URL",
-                     help="a worker's base URL, e.g. http://127.0.0.1:30001 (repeat for each worker)")
-    rtr.add_argument("--policy", default="cache_aware", choices=("cache_aware", "round_robin", "least_load"),
-                     help="routing policy (default: %(default)s)")
-    rtr.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
-    rtr.add_argument("--port", type=int, default=30000, help="port to listen on (default: %(default)s)")
-    rtr.add_argument("--api-key", default=None, help="required from clients as 'Authorization: Bearer KEY' "
-                     "(except /health) and sent to the workers (default: none)")
-    rtr.add_argument("--health-interval", type=float, default=2.0,
-                     help="seconds between health checks of every worker (default: %(default)s)")
-    rtr.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"),
-                     help="log verbosity (default: %(default)s)")
+    add_router_flags(rtr)
     return parser
 
 
@@ -271,16 +260,13 @@ def run_serve(args: argparse.Namespace) -> int:
         from radixkv.router.launch import serve_data_parallel
 
         return serve_data_parallel(args)
-    return serve(config, host=server.host, port=server.port, api_keys=server.api_keys,
-                 served_model_name=server.served_model_name, max_body_bytes=server.max_body_bytes,
-                 shutdown_timeout=server.shutdown_timeout, responses_store_size=server.responses_store_size,
-                 responses_store_ttl=server.responses_store_ttl)
+    return serve(config, server)
 
 
 def run_router(args: argparse.Namespace) -> int:
     from radixkv.router.launch import serve_router
 
-    return serve_router(args)
+    return serve_router(router_config(args))
 
 
 def run_kv_size(args: argparse.Namespace) -> int:

@@ -9,7 +9,7 @@ import argparse
 from dataclasses import MISSING, Field, fields
 from typing import Any
 
-from radixkv.config import GROUPS, OPTION_GROUPS, EngineConfig, ServerConfig
+from radixkv.config import GROUPS, OPTION_GROUPS, EngineConfig, RouterConfig, ServerConfig
 
 ENGINE_GROUP_TITLES = {f.name: f.metadata["title"] for f in fields(EngineConfig)}
 """EngineConfig group attribute -> the title of its argparse group in `--help`."""
@@ -29,6 +29,8 @@ def add_flag(group: argparse._ArgumentGroup, option: Field) -> None:
     if not option.metadata.get("default_in_help"):
         help_text = f"{help_text} (default: {default})"
     kwargs: dict[str, Any] = {"default": default, "help": help_text, "dest": option.name}
+    if option.metadata.get("required"):
+        kwargs["required"] = True
     if option.type == "bool":
         kwargs["action"] = "store_true"
     elif "action" in option.metadata:
@@ -59,12 +61,25 @@ def add_server_flags(parser: argparse.ArgumentParser) -> None:
     add_config_flags(parser, ServerConfig, "server")
 
 
+def add_router_flags(parser: argparse.ArgumentParser) -> None:
+    add_config_flags(parser, RouterConfig, "router")
+
+
 def engine_options(args: argparse.Namespace) -> dict[str, Any]:
     """The flat engine options parsed from the flags (what `EngineConfig.from_kwargs` takes)."""
     return {name: getattr(args, name) for name in OPTION_GROUPS}
 
 
+def config_from_flags(config_class: type, args: argparse.Namespace) -> Any:
+    """The `config_class` (ServerConfig, RouterConfig) the flags ask for (repeated flags, parsed
+    as lists, become tuples); it validates itself."""
+    values = {option.name: getattr(args, option.name) for option in fields(config_class)}
+    return config_class(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
+
+
 def server_config(args: argparse.Namespace) -> ServerConfig:
-    """The ServerConfig the flags ask for (repeated flags, parsed as lists, become tuples)."""
-    values = {option.name: getattr(args, option.name) for option in fields(ServerConfig)}
-    return ServerConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
+    return config_from_flags(ServerConfig, args)
+
+
+def router_config(args: argparse.Namespace) -> RouterConfig:
+    return config_from_flags(RouterConfig, args)

@@ -1,5 +1,6 @@
 """Configuration: `EngineConfig` (one group per concern, each a frozen dataclass validating
-itself), `ServerConfig` (`radixkv serve`'s own options) and `KVEventsConfig`.
+itself), `ServerConfig` (`radixkv serve`'s own options), `RouterConfig` (`radixkv router`'s)
+and `KVEventsConfig`.
 
     runtime    RuntimeConfig      model, device, dtype, attention backend, threads, compile, tp_size
     cache      CacheConfig        KV pool, page size, eviction, retention, host tier
@@ -18,6 +19,7 @@ from radixkv.config.engine import GROUPS, OPTION_GROUPS, EngineConfig
 from radixkv.config.fields import (EVICTION_POLICIES, LOG_LEVELS, SCHEDULE_POLICIES, SPECULATIVE_ALGORITHMS,
                                    STORAGE_PREFETCH_POLICIES, STORAGE_WRITE_POLICIES)
 from radixkv.config.kv_events import KV_EVENT_ENCODINGS, KV_EVENTS_IGNORED_KEYS, KVEventsConfig
+from radixkv.config.router import ROUTING_POLICIES, RouterConfig
 from radixkv.config.runtime import COMPILE_DEFAULT, DTYPES, RuntimeConfig
 from radixkv.config.scheduling import GrammarConfig, SchedulerConfig, SpeculativeConfig
 from radixkv.config.server import ServerConfig
@@ -25,7 +27,7 @@ from radixkv.config.telemetry import TelemetryConfig
 
 __all__ = [
     "COMPILE_DEFAULT", "DTYPES", "EVICTION_POLICIES", "GROUPS", "KV_EVENTS_IGNORED_KEYS", "KV_EVENT_ENCODINGS",
-    "LOG_LEVELS", "OPTION_GROUPS", "SCHEDULE_POLICIES", "SPECULATIVE_ALGORITHMS", "STORAGE_PREFETCH_POLICIES",
-    "STORAGE_WRITE_POLICIES", "CacheConfig", "EngineConfig", "GrammarConfig", "KVEventsConfig", "RuntimeConfig",
+    "LOG_LEVELS", "OPTION_GROUPS", "ROUTING_POLICIES", "SCHEDULE_POLICIES", "SPECULATIVE_ALGORITHMS", "STORAGE_PREFETCH_POLICIES",
+    "STORAGE_WRITE_POLICIES", "CacheConfig", "EngineConfig", "GrammarConfig", "KVEventsConfig", "RouterConfig", "RuntimeConfig",
     "SchedulerConfig", "ServerConfig", "SpeculativeConfig", "StorageConfig", "TelemetryConfig",
 ]

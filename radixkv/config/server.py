@@ -11,6 +11,8 @@ from radixkv.config.fields import opt
 from radixkv.errors import ConfigError
 
 ROUTERS = ("embedded", "sglang")
+MAX_DP = 16
+"""The most data-parallel workers one `serve --dp N` starts."""
 
 
 def _flag(default: Any, help: str, **flag: Any) -> Any:
@@ -64,7 +66,10 @@ class ServerConfig:
         check(self.responses_store_size >= 0,
               f"--responses-store-size={self.responses_store_size}: must be >= 0 (0 stores nothing)")
         check(self.responses_store_ttl > 0, f"--responses-store-ttl={self.responses_store_ttl}: must be > 0 seconds")
-        check(isinstance(self.dp, int) and self.dp >= 1, f"--dp {self.dp}: must be a positive integer")
+        check(isinstance(self.dp, int) and 1 <= self.dp <= MAX_DP, f"--dp {self.dp}: must be in 1..{MAX_DP}")
+        check(self.dp == 1 or len(self.api_keys) <= 1, "--dp takes one --api-key (the router's clients share it)")
+        check(self.dp == 1 or self.port + self.dp < 65536,
+              f"--port {self.port}: PORT..PORT+{self.dp} must be valid ports")
         check(self.router in ROUTERS, f"--router {self.router}: must be one of {list(ROUTERS)}")
         check(self.router == "embedded" or self.dp > 1,
               "--router chooses the router in front of --dp N workers; give --dp 2 or more")

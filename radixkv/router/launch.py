@@ -7,8 +7,8 @@ import asyncio
 import logging
 import sys
 from pathlib import Path
-from urllib.parse import urlparse
 
+from radixkv.config import RouterConfig
 from radixkv.errors import RadixKVError
 from radixkv.logs import setup_logging
 from radixkv.procs import orphanless
@@ -16,39 +16,23 @@ from radixkv.router.app import create_router_app
 from radixkv.router.workers import RouterSettings
 
 
-def check_worker_url(url: str) -> str:
-    parsed = urlparse(url)
-    if parsed.scheme not in ("http", "https") or not parsed.netloc:
-        raise ValueError(f"--worker {url!r}: give a base URL such as http://127.0.0.1:30001")
-    return url.rstrip("/")
-
-
-def serve_router(args: argparse.Namespace) -> int:
+def serve_router(config: RouterConfig) -> int:
+    """Run the router (flags validated by `RouterConfig`) until Ctrl-C or SIGTERM."""
     import uvicorn
 
-    try:
-        workers = tuple(check_worker_url(u) for u in args.worker)
-        if len(set(workers)) != len(workers):
-            raise ValueError("--worker: the same URL is given twice")
-        if not 0 < args.port < 65536:
-            raise ValueError(f"--port {args.port}: must be in 1..65535")
-        if args.health_interval <= 0:
-            raise ValueError(f"--health-interval {args.health_interval}: must be > 0")
-    except ValueError as e:
-        print(f"radixkv router: error: {e}", file=sys.stderr)
-        return 2
-    setup_logging(args.log_level)
-    settings = RouterSettings(workers, args.policy, args.api_key, args.health_interval)
+    setup_logging(config.log_level)
+    workers = config.workers
+    settings = RouterSettings(workers, config.policy, config.api_key, config.health_interval)
     app = create_router_app(settings)
-    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
-                                           access_log=args.log_level == "debug", timeout_graceful_shutdown=5))
+    server = uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port, log_level=config.log_level,
+                                           access_log=config.log_level == "debug", timeout_graceful_shutdown=5))
 
     async def run() -> None:
         async def announce() -> None:
             while not server.started:
                 await asyncio.sleep(0.05)
-            print(f"radixkv router ready: http://{args.host}:{args.port} over {len(workers)} worker(s), "
-                  f"policy {args.policy}", flush=True)
+            print(f"radixkv router ready: http://{config.host}:{config.port} over {len(workers)} worker(s), "
+                  f"policy {config.policy}", flush=True)
         task = asyncio.create_task(announce())
         await server.serve()
         task.cancel()
@@ -61,7 +45,6 @@ def serve_router(args: argparse.Namespace) -> int:
     return 0
 
 
-MAX_DP = 16
 WORKER_READY_TIMEOUT = 600
 
 
@@ -178,16 +161,7 @@ def serve_data_parallel(args: argparse.Namespace) -> int:
     import threading
     import time
 
-    if not 1 < args.dp <= MAX_DP:
-        print(f"radixkv: error: --dp {args.dp}: must be in 1..{MAX_DP}", file=sys.stderr)
-        return 2
-    keys = args.api_key or []
-    if len(keys) > 1:
-        print("radixkv: error: --dp takes one --api-key (the router's clients share it)", file=sys.stderr)
-        return 2
-    if not (0 < args.port and args.port + args.dp < 65536):
-        print(f"radixkv: error: --port {args.port}: PORT..PORT+{args.dp} must be valid ports", file=sys.stderr)
-        return 2
+    keys = args.api_key or []  # (ServerConfig checked --dp, its one --api-key and its ports)
     try:
         kv_events = worker_kv_events(args.kv_events_config, args.dp)
     except (ValueError, RadixKVError) as e:
@@ -253,9 +227,8 @@ def serve_data_parallel(args: argparse.Namespace) -> int:
                 return 1
             print(f"radixkv ready: {url} (sglang-router, cache_aware, over {args.dp} workers)", flush=True)
             return router.wait()
-        router_args = argparse.Namespace(worker=workers, policy="cache_aware", host=args.host, port=args.port,
-                                         api_key=key, health_interval=2.0, log_level=args.log_level)
-        return serve_router(router_args)
+        return serve_router(RouterConfig(worker=tuple(workers), host=args.host, port=args.port, api_key=key,
+                                         log_level=args.log_level))
     except KeyboardInterrupt:
         return 0
     finally:

@@ -23,9 +23,10 @@ import ipaddress
 import logging
 import signal
 import socket
+import sys
 from pathlib import Path
 
-from radixkv.config import EngineConfig
+from radixkv.config import EngineConfig, ServerConfig
 from radixkv.errors import ConfigError
 from radixkv.server.runtime.processes import (
     EXIT_CODES,
@@ -162,44 +163,30 @@ async def _serve(config: EngineConfig, host: str, port: int, settings) -> int:
                 loop.remove_signal_handler(sig)
 
 
-def serve(config: EngineConfig, host: str = "127.0.0.1", port: int = 30000, api_keys: tuple[str, ...] = (),
-          served_model_name: str | None = None, max_body_bytes: int | None = None,
-          shutdown_timeout: float = 30.0, responses_store_size: int = 1024, responses_store_ttl: float = 3600.0) -> int:
-    """Run the server until SIGTERM (drains) or SIGINT; returns the process exit code."""
+def serve(config: EngineConfig, server: ServerConfig) -> int:
+    """Run the server until SIGTERM (drains) or SIGINT; returns the process exit code. Both
+    configs validated themselves (each check names the flag at fault); the address is checked
+    free here, before anything loads."""
     from radixkv.logs import setup_logging
-    from radixkv.model.loader import resolve_model_dir
+    from radixkv.model.model_dir import resolve_model_dir
     from radixkv.procs import quiet_compute_threads
-    from radixkv.server.api.response_store import ResponseStore
     from radixkv.server.http.common import DEFAULT_MAX_BODY_BYTES, ServerSettings
 
     setup_logging(config.telemetry.log_level)
     signal.signal(signal.SIGTERM, _exit_on_sigterm)  # until the server's own handlers drain instead
-    if not 0 < port < 65536:
-        raise ConfigError(f"--port {port}: must be in 1..65535")
-    if max_body_bytes is not None and max_body_bytes < 1024:
-        raise ConfigError(f"--max-body-bytes {max_body_bytes}: must be at least 1024")
-    if not 0 <= shutdown_timeout <= 24 * 3600:
-        raise ConfigError(f"--shutdown-timeout {shutdown_timeout}: must be in [0, 86400] seconds")
-    ResponseStore(responses_store_size, responses_store_ttl)  # its bounds, checked before the model loads
-    if any(not key for key in api_keys):
-        raise ConfigError("--api-key: a key must not be empty")
-    check_port_free(host, port)
-    warning = exposure_warning(host, api_keys)
+    check_port_free(server.host, server.port)
+    warning = exposure_warning(server.host, server.api_keys)
     if warning:
         logger.warning(warning)
     model_dir = resolve_model_dir(config.runtime.model, config.runtime.cache_dir)  # converts a GGUF once, with progress
-    name = served_model_name or (DEFAULT_MODEL_NAME if config.runtime.model is None else Path(config.runtime.model).stem)
+    name = server.served_model_name or (DEFAULT_MODEL_NAME if config.runtime.model is None else Path(config.runtime.model).stem)
     config = config.with_options(model=str(model_dir))
-    settings = ServerSettings(name, tuple(api_keys), max_body_bytes or DEFAULT_MAX_BODY_BYTES, shutdown_timeout,
-                              responses_store_size, responses_store_ttl)
+    settings = ServerSettings(name, server.api_keys, server.max_body_bytes or DEFAULT_MAX_BODY_BYTES,
+                              server.shutdown_timeout, server.responses_store_size, server.responses_store_ttl)
     quiet_compute_threads()  # the HTTP process only tokenizes and routes; children set their own
-    try:
-        import torch
-
-        torch.set_num_threads(1)
-    except ImportError:
-        pass
-    return asyncio.run(_serve(config, host, port, settings))
+    if "torch" in sys.modules:  # (the tokenizer may bring it in later; quiet_compute_threads covers that)
+        sys.modules["torch"].set_num_threads(1)
+    return asyncio.run(_serve(config, server.host, server.port, settings))
 
 
 def _exit_on_sigterm(signum, frame) -> None:

@@ -6,8 +6,8 @@ from dataclasses import fields
 import pytest
 
 from radixkv.cli import build_parser
-from radixkv.cli_flags import ENGINE_GROUP_TITLES, server_config
-from radixkv.config import GROUPS, ServerConfig
+from radixkv.cli_flags import ENGINE_GROUP_TITLES, router_config, server_config
+from radixkv.config import GROUPS, RouterConfig, ServerConfig
 from radixkv.errors import ConfigError
 
 
@@ -38,9 +38,10 @@ def test_serve_help_shows_every_group(run_cli):
 
 
 def test_server_flags_keep_their_forms():
-    args = subcommand("serve").parse_args(["--api-key", "a", "--api-key", "b", "--router", "sglang", "--dp", "2"])
-    server = server_config(args)
-    assert server.api_keys == ("a", "b") and (server.router, server.dp, server.port) == ("sglang", 2, 30000)
+    server = server_config(subcommand("serve").parse_args(["--api-key", "a", "--api-key", "b"]))
+    assert server.api_keys == ("a", "b")
+    server = server_config(subcommand("serve").parse_args(["--api-key", "a", "--router", "sglang", "--dp", "2"]))
+    assert server.api_keys == ("a",) and (server.router, server.dp, server.port) == ("sglang", 2, 30000)
     assert server_config(subcommand("serve").parse_args([])) == ServerConfig()
     with pytest.raises(SystemExit):
         subcommand("serve").parse_args(["--router", "nginx"])
@@ -49,6 +50,9 @@ def test_server_flags_keep_their_forms():
 @pytest.mark.parametrize("options,named", [
     ({"port": 0}, "--port 0"),
     ({"dp": 0}, "--dp 0"),
+    ({"dp": 17}, "--dp 17"),
+    ({"dp": 2, "api_key": ("a", "b")}, "--dp takes one --api-key"),
+    ({"dp": 4, "port": 65533}, "--port 65533"),
     ({"router": "sglang"}, "--dp"),
     ({"api_key": ("",)}, "--api-key"),
     ({"max_body_bytes": 10}, "--max-body-bytes 10"),
@@ -59,3 +63,29 @@ def test_server_flags_keep_their_forms():
 def test_server_config_refuses_a_bad_value_naming_the_flag(options, named):
     with pytest.raises(ConfigError, match=named):
         ServerConfig(**options)
+
+
+def test_router_flags_are_generated_from_router_config():
+    parser = subcommand("router")
+    for option in fields(RouterConfig):
+        actions = [a for a in parser._actions if a.dest == option.name]
+        assert len(actions) == 1 and actions[0].help, option.name
+    config = router_config(parser.parse_args(["--worker", "http://a:1/", "--worker", "http://b:2", "--policy",
+                                               "least_load"]))
+    assert config.workers == ("http://a:1", "http://b:2") and config.policy == "least_load"
+    with pytest.raises(SystemExit):
+        parser.parse_args([])  # --worker is required
+
+
+@pytest.mark.parametrize("options,named", [
+    ({"worker": None}, "--worker"),
+    ({"worker": ("localhost:1",)}, "--worker 'localhost:1'"),
+    ({"worker": ("http://a:1", "http://a:1/")}, "twice"),
+    ({"policy": "random"}, "--policy random"),
+    ({"port": 70000}, "--port 70000"),
+    ({"health_interval": 0.0}, "--health-interval"),
+    ({"api_key": ""}, "--api-key"),
+])
+def test_router_config_refuses_a_bad_value_naming_the_flag(options, named):
+    with pytest.raises(ConfigError, match=named):
+        RouterConfig(**{"worker": ("http://a:1",), **options})
