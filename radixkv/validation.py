@@ -27,14 +27,20 @@ class RequestLimits:
         return asdict(self)
 
 
+def check_token_ids(ids: list[int], vocab_size: int, field: str = "input_ids") -> None:
+    """Raise `InvalidRequestError` naming `field[i]` unless every id is a token id of the model
+    (before anything decodes them: the tokenizer fails on ids it does not hold)."""
+    for i, t in enumerate(ids):
+        if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab_size:
+            raise InvalidRequestError(f"{field}[{i}]={t!r} is not a token id in [0, {vocab_size})")
+
+
 def check_request(input_ids: list[int], params: SamplingParams, limits: RequestLimits) -> None:
     """Raise `InvalidRequestError` naming the field if this request can never run."""
     vocab = limits.vocab_size
     if not isinstance(input_ids, list) or not input_ids:
         raise InvalidRequestError("the prompt is empty (no tokens)")
-    for i, t in enumerate(input_ids):
-        if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab:
-            raise InvalidRequestError(f"input_ids[{i}]={t!r} is not a token id in [0, {vocab})")
+    check_token_ids(input_ids, vocab)
     total = len(input_ids) + params.max_new_tokens
     if total > limits.context_length:
         raise InvalidRequestError(

@@ -35,6 +35,10 @@ CASES = [
     ("POST", "/v1/completions", {"model": MODEL, "prompt": "x", "best_of": 2}, 400, "best_of"),
     ("POST", "/v1/completions", {"model": MODEL, "prompt": "x", "echo": "maybe"}, 400, "echo"),
     ("POST", "/v1/completions", {"model": MODEL, "prompt": []}, 400, "prompt"),
+    # found by the schema fuzz: echo decoded the ids before anything checked them (a 500)
+    ("POST", "/v1/completions", {"model": MODEL, "prompt": [[1, -10302524768]], "echo": True}, 400,
+     "prompt[0][1]=-10302524768"),
+    ("POST", "/v1/completions", {"model": MODEL, "prompt": [5, 10**9], "echo": True}, 400, "prompt[1]=1000000000"),
     ("POST", "/abort_request", {"rid": "nobody"}, 404, "nobody"),
     ("GET", "/generate", None, 405, "does not take GET"),
     ("GET", "/no/such/path", None, 404, "no endpoint"),

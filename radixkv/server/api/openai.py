@@ -39,6 +39,7 @@ from radixkv.server.api.protocol import (
 )
 from radixkv.server.api.tools import CallStream, ToolCall, ToolSet, openai_tool_set
 from radixkv.server.http.app import Api
+from radixkv.validation import check_token_ids
 from radixkv.server.http.common import all_or_none, json_body, request_body
 from radixkv.server.runtime.tokenizer_manager import Chunk, TokenizerManager
 
@@ -241,8 +242,12 @@ def completion_prompts(manager: TokenizerManager, prompt) -> list[list[int]]:
         raise InvalidRequestError("prompt must not be empty")
     if isinstance(prompt[0], str):
         return [manager.encode_text(p) for p in prompt]
+    vocab = manager.limits.vocab_size
     if isinstance(prompt[0], int):
+        check_token_ids(prompt, vocab, "prompt")
         return [list(prompt)]
+    for i, ids in enumerate(prompt):
+        check_token_ids(ids, vocab, f"prompt[{i}]")
     return [list(p) for p in prompt]
 
 
