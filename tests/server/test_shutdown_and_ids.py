@@ -84,7 +84,9 @@ def test_the_request_bodies_are_published_for_schema_driven_clients(server):
 
 @pytest.fixture(scope="module")
 def two_keys():
-    s = start_server("--shutdown-timeout", "4", api_key=None, extra_keys=("key-a", "key-b"))
+    # The drain must outlast the short stream of the SIGTERM test on a loaded machine (it ran out
+    # at 4 s once, under a full suite); the long one (3,000 tokens) never fits in it.
+    s = start_server("--shutdown-timeout", "10", api_key=None, extra_keys=("key-a", "key-b"))
     yield s
     if s.proc.poll() is None:
         s.proc.kill()
@@ -136,7 +138,7 @@ def test_a_stored_response_belongs_to_the_key_that_made_it(two_keys):
 
 def test_sigterm_drains_then_ends_what_is_left_with_an_error_event(two_keys):
     short = Stream(two_keys, "key-a", {"text": "Name a colour.", "sampling_params": {
-        "max_new_tokens": 24, "temperature": 0, "ignore_eos": True}})
+        "max_new_tokens": 8, "temperature": 0, "ignore_eos": True}})
     long = Stream(two_keys, "key-b", {"text": "Write a very long story.", "sampling_params": LONG})
     long.start()
     wait_running_with(two_keys, "key-a", 1)
