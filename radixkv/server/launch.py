@@ -169,7 +169,7 @@ def serve(config: EngineConfig, server: ServerConfig) -> int:
     free here, before anything loads."""
     from radixkv.logs import setup_logging
     from radixkv.model.model_dir import resolve_model_dir
-    from radixkv.procs import quiet_compute_threads
+    from radixkv.procs import exit_now, quiet_compute_threads
     from radixkv.server.http.common import DEFAULT_MAX_BODY_BYTES, ServerSettings
 
     setup_logging(config.telemetry.log_level)
@@ -186,7 +186,9 @@ def serve(config: EngineConfig, server: ServerConfig) -> int:
     quiet_compute_threads()  # the HTTP process only tokenizes and routes; children set their own
     if "torch" in sys.modules:  # (the tokenizer may bring it in later; quiet_compute_threads covers that)
         sys.modules["torch"].set_num_threads(1)
-    return asyncio.run(_serve(config, server.host, server.port, settings))
+    code = asyncio.run(_serve(config, server.host, server.port, settings))
+    exit_now(code)  # every child is stopped and the socket directory gone: skip the slow teardown
+    return code  # (not reached)
 
 
 def _exit_on_sigterm(signum, frame) -> None:

@@ -19,6 +19,7 @@ import sys
 import time
 
 from radixkv.config import EngineConfig
+from radixkv.procs import run_then_exit
 from radixkv.server.runtime.sockets import Endpoints
 
 WATCH_SECONDS = 0.5
@@ -32,13 +33,13 @@ def _scheduler_main(config: EngineConfig, endpoints: Endpoints, parent_pid: int)
         run_scheduler_process,  # the model code, in that process only
     )
 
-    run_scheduler_process(config, endpoints, parent_pid)
+    run_then_exit(run_scheduler_process, config, endpoints, parent_pid)
 
 
 def _detokenizer_main(model_dir: str, endpoints: Endpoints, parent_pid: int, log_level: str) -> None:
     from radixkv.server.runtime.detokenizer import run_detokenizer_process
 
-    run_detokenizer_process(model_dir, endpoints, parent_pid, log_level)
+    run_then_exit(run_detokenizer_process, model_dir, endpoints, parent_pid, log_level)
 
 
 class Children:
