@@ -23,8 +23,8 @@ def check_tree(cache: Any, inflight_pages: int | None = None) -> None:
     evictable = protected = 0
     leaves: set[int] = set()
     for node in cache.nodes():
-        if node.page_hashes is not None and len(node.page_hashes) * size != len(node.key):
-            raise CacheInvariantError(f"{node}: {len(node.page_hashes)} page hashes for {len(node.key)} tokens")
+        if node.block_hashes is not None and len(node.block_hashes) * size != len(node.key):
+            raise CacheInvariantError(f"{node}: {len(node.block_hashes)} block hashes for {len(node.key)} tokens")
         if not node.on_device:
             continue  # a lower tier's node: its tier checks it
         if not node.key or len(node.key) != len(node.pages) * size:

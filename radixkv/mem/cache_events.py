@@ -8,12 +8,12 @@ them on the wire):
     PagesRemoved(hashes, medium)                     pages no longer held there
     AllPagesCleared()                                nothing is held anywhere
 
-Pages are named by the **block hash** (`radixkv.mem.block_hash`, in its 63-bit form): a page's
-hash is computed from its parent page's hash and its own token ids, so equal prefixes get equal hashes on every worker and every start, and
-a hash names its whole prefix. The chain of a namespace (LoRA id, cache salt) starts from a
-root derived from the namespace, so equal tokens under different namespaces never share a
-hash; the default namespace starts from zero. Hashes are 63-bit, so the same number reads as
-a signed (SGLang) or unsigned (vLLM) 64-bit integer.
+Pages are named by the **block hash** (`radixkv.mem.block_hash`) as its 63-bit `block_id`: the
+hash chains a page's token ids onto its parent page's hash, from a root derived from the
+namespace (LoRA id, cache salt, tenant), so equal prefixes get equal ids on every worker and
+every start, an id names its whole prefix, and equal tokens under different namespaces never
+share one. The storage tier keys the same page by the full hash, and a recorded trace lists the
+same ids. 63 bits, so the same number reads as a signed (SGLang) or unsigned (vLLM) 64-bit integer.
 
 Mediums: `GPU` for the device KV pool (the name both references use, whatever the device),
 `CPU` for the host tier. A page may be held on both at once (a write-through copy, or a host
@@ -30,7 +30,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from radixkv.mem.block_hash import id_chain, seed_digest
+from radixkv.mem.block_hash import block_id
+from radixkv.mem.tree_hashes import node_hashes, parent_hash
 
 if TYPE_CHECKING:
     from radixkv.mem.tree_node import TreeNode
@@ -39,8 +40,6 @@ GPU = "GPU"
 """The device KV pool's medium."""
 CPU = "CPU"
 """The host tier's medium."""
-
-_NAMESPACE_TAG = b"radixkv-kv-event-namespace-v1\x00"
 
 
 @dataclass(slots=True)
@@ -69,55 +68,15 @@ CacheEvent = PagesStored | PagesRemoved | AllPagesCleared
 
 
 # -- the hash chain -------------------------------------------------------------------------------
-def namespace_root(namespace: Any) -> int:
-    """The value the chain of `namespace` starts from (0 for the default namespace, None)."""
-    if namespace is None:
-        return 0
-    if isinstance(namespace, str):
-        data = b"s" + namespace.encode()
-    elif isinstance(namespace, int) and not isinstance(namespace, bool):
-        data = b"i" + str(namespace).encode()
-    else:  # tuples of strings and numbers print the same in every process
-        data = b"r" + repr(namespace).encode()
-    return _hash63(_NAMESPACE_TAG + data)
+def page_ids(node: TreeNode, page_size: int) -> list[int]:
+    """The ids of `node`'s pages: each page's block hash, as `block_id`."""
+    return [block_id(h) for h in node_hashes(node, page_size)]
 
 
-def chain_hashes(parent: int, token_ids: Iterable[int], page_size: int) -> list[int]:
-    """One hash per page of `token_ids` (a whole number of pages), continuing the chain from
-    `parent` (a page's hash, or a namespace's root): H(parent, the page's tokens) each."""
-    return list(iter_chain_hashes(parent, token_ids, page_size))
-
-
-def iter_chain_hashes(parent: int, token_ids: Iterable[int], page_size: int) -> Iterator[int]:
-    """`chain_hashes`, computed page by page as they are read (a reader that stops early, as
-    the miss causes' ghost lookup does, hashes no further)."""
-    tokens = token_ids if isinstance(token_ids, (list, tuple)) else list(token_ids)
-    return id_chain(parent, tokens, page_size)
-
-
-def _hash63(data: bytes) -> int:
-    return int.from_bytes(seed_digest(data, 8), "big") >> 1
-
-
-def node_hashes(node: TreeNode, page_size: int) -> list[int]:
-    """The page hashes of `node`'s edge (kept on the node: splits and trims slice them)."""
-    if node.page_hashes is None:
-        path = []  # from `node` up to the first ancestor whose hashes are known, or the root
-        while node.page_hashes is None and node.parent is not None:
-            path.append(node)
-            node = node.parent
-        for child in reversed(path):
-            parent = child.parent
-            start = parent.page_hashes[-1] if parent.parent is not None else namespace_root(child.child_key[0])
-            child.page_hashes = chain_hashes(start, child.key, page_size)
-        node = path[0]
-    return node.page_hashes
-
-
-def parent_hash(node: TreeNode, page_size: int) -> int | None:
-    """The hash of the page before `node`'s first page (None under the root)."""
-    parent = node.parent
-    return None if parent.parent is None else node_hashes(parent, page_size)[-1]
+def parent_id(node: TreeNode, page_size: int) -> int | None:
+    """The id of the page before `node`'s first page (None under the root)."""
+    h = parent_hash(node, page_size)
+    return None if h is None else block_id(h)
 
 
 # -- recording ------------------------------------------------------------------------------------
@@ -131,8 +90,8 @@ class CacheEventLog:
 
     def stored(self, node: TreeNode, medium: str) -> None:
         """`node`'s pages are now held on `medium`."""
-        hashes = node_hashes(node, self.page_size)
-        parent = parent_hash(node, self.page_size)
+        hashes = page_ids(node, self.page_size)
+        parent = parent_id(node, self.page_size)
         tail = self._events[-1] if self._events else None
         if isinstance(tail, PagesStored) and tail.medium == medium and tail.hashes[-1] == parent:
             tail.hashes.extend(hashes)
@@ -142,7 +101,7 @@ class CacheEventLog:
 
     def removed(self, node: TreeNode, medium: str, first_page: int = 0) -> None:
         """`node`'s pages from `first_page` on are no longer held on `medium`."""
-        hashes = node_hashes(node, self.page_size)[first_page:]
+        hashes = page_ids(node, self.page_size)[first_page:]
         tail = self._events[-1] if self._events else None
         if isinstance(tail, PagesRemoved) and tail.medium == medium:
             tail.hashes.extend(hashes)

@@ -2,7 +2,7 @@
 
 `make_cache_manager` reads a server's configuration: no cache (`--disable-radix-cache`), the
 radix tree, over the KV memory's host tier (`--host-kv-size`), over a storage tier on disk
-(`--kv-storage-dir`, its page keys seeded with the model's identity). `make_prefix_cache`
+(`--kv-storage-dir`, its files named by the model's storage identity). `make_prefix_cache`
 composes given tiers (what simulators and tests build by hand).
 """
 
@@ -21,7 +21,7 @@ from radixkv.mem.eviction import EvictionPolicy
 from radixkv.mem.host_tier import HostTier
 from radixkv.mem.kv_memory import KVMemory
 from radixkv.mem.no_cache import NoCache
-from radixkv.mem.page_keys import model_fingerprint, storage_identity
+from radixkv.mem.storage_identity import model_fingerprint, storage_identity
 from radixkv.mem.radix_cache import RadixCache
 from radixkv.mem.storage_tier import StorageTier, StorageTierConfig
 
@@ -32,30 +32,29 @@ if TYPE_CHECKING:
 def make_prefix_cache(allocator: PageAllocator, eviction_policy: str | EvictionPolicy = "lru",
                       attention_scale: float | None = None, host_tier: HostTier | None = None,
                       disabled: bool = False, clock: Callable[[], float] = time.monotonic,
-                      storage: StorageTier | None = None, identity: bytes = b"") -> PrefixCache:
+                      storage: StorageTier | None = None) -> PrefixCache:
     """The prefix cache a configuration asks for: none (`disabled`), the radix tree, the tree
-    over a host tier, or over a host tier and `storage` (its keys seeded with `identity`);
+    over a host tier, or over a host tier and `storage`;
     `clock` (seconds) is what retention deadlines are read against (a trace replay passes the
     trace's time)."""
     if disabled:
         return NoCache(allocator)
-    return RadixCache(allocator, eviction_policy, attention_scale, clock, host_tier=host_tier, storage=storage,
-                      identity=identity)
+    return RadixCache(allocator, eviction_policy, attention_scale, clock, host_tier=host_tier, storage=storage)
 
 
 def make_cache_manager(config: EngineConfig, memory: KVMemory, attention_scale: float | None,
                        model_dir: Path) -> PrefixCache:
     """The cache `config` asks for over `memory` (its allocator and host tier), for the model
-    in `model_dir` (what the storage tier's keys are seeded with)."""
-    storage, identity = None, b""
+    in `model_dir` (what the storage tier's identity is read from)."""
+    storage = None
     if config.storage.kv_storage_dir is not None and memory.host is not None and not config.cache.disable_radix_cache:
-        storage, identity = open_storage(config, model_dir, memory)
+        storage = open_storage(config, model_dir, memory)
     return make_prefix_cache(memory.allocator, config.cache.eviction_policy, attention_scale, host_tier=memory.host,
-                             disabled=config.cache.disable_radix_cache, storage=storage, identity=identity)
+                             disabled=config.cache.disable_radix_cache, storage=storage)
 
 
-def open_storage(config: EngineConfig, model_dir: Path, memory: KVMemory) -> tuple[DiskKVStorage, bytes]:
-    """The storage tier `--kv-storage-dir` asks for, over `memory`'s pool, and its key identity."""
+def open_storage(config: EngineConfig, model_dir: Path, memory: KVMemory) -> DiskKVStorage:
+    """The storage tier `--kv-storage-dir` asks for, over `memory`'s pool."""
     pool = memory.pool
     shapes = pool.page_shapes()
     identity = storage_identity(model_fingerprint(model_dir), config.cache.kv_cache_dtype, config.cache.page_size, shapes)
@@ -64,4 +63,4 @@ def open_storage(config: EngineConfig, model_dir: Path, memory: KVMemory) -> tup
     tier_config = StorageTierConfig(pages, config.cache.page_size, config.storage.kv_storage_write_policy,
                                     config.storage.kv_storage_hit_threshold, config.storage.kv_storage_prefetch_policy,
                                     config.storage.kv_storage_prefetch_timeout)
-    return DiskKVStorage(tier_config, config.storage.kv_storage_dir, identity, shapes), identity
+    return DiskKVStorage(tier_config, config.storage.kv_storage_dir, identity, shapes)

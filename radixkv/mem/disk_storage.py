@@ -1,19 +1,22 @@
 """DiskKVStorage: the storage tier in files of one local directory, kept across restarts.
 
-File format (one run per file, `<first page key>.kvp`):
+File format (one run per file, `<identity>-<first page key>.kvp`, both in hex):
 
-    b"RKVP1\\n"  u32 header length (little-endian)  header (JSON)  payload
+    b"RKVP2\\n"  u32 header length (little-endian)  header (JSON)  payload
 
-The header holds the tier's `identity` (hex), the page size, the bytes per page, and per page
-its key (hex) and CRC-32; the payload is the pages back to back, each page the rows of every
+A page's key is its block hash (`radixkv.mem.block_hash`), the same for every model; the
+storage `identity` (`radixkv.mem.storage_identity`: model, KV format, page size, pool layout)
+keeps each model's pages apart, in the file's name and its header. The header holds the
+identity, the page size, the bytes per page, and per page its key (hex) and CRC-32; the payload is the pages back to back, each page the rows of every
 storage tensor of the pool in order (codes and scales alike: a quantised pool is stored
 quantised).
 
 Crash safety. A file is written under a temporary name and renamed into place, so a reader
 never sees half a file under a real name; temporary files left by a killed server are deleted
 at the next start. Start-up rebuilds the index from the headers alone (no page is read); a file
-whose header does not parse or whose size does not match is deleted; one of another identity
-(another model, KV format or page size) is left alone and ignored, with one log line. Every
+whose header does not parse or whose size does not match is deleted, and so is a file of the
+first format (`RKVP1`, keyed by an older hash); one of another identity (another model, KV
+format or page size) is left alone and ignored, with one log line. Every
 page read is checked against its CRC; a page that fails it makes the file a miss: the file is
 deleted and the fetch stops there. A write that fails (a full disk, a read-only directory)
 turns the tier off with a warning; serving goes on without it.
@@ -45,10 +48,11 @@ from radixkv.mem.storage_tier import Fetch, Run, StorageTier, StorageTierConfig
 
 logger = logging.getLogger(__name__)
 
-MAGIC = b"RKVP1\n"
+MAGIC = b"RKVP2\n"
+OLD_MAGIC = b"RKVP1\n"  # the first format: its keys are no block hashes, its files are deleted
 SUFFIX = ".kvp"
 TMP_MARK = ".tmp"
-OURS_UNFINISHED = re.compile(r"^(?:[0-9a-f]{32}\.kvp|\.probe)\.tmp\d+$")  # what a killed writer leaves
+OURS_UNFINISHED = re.compile(r"^(?:(?:[0-9a-f]{32}-)?[0-9a-f]{32}\.kvp|\.probe)\.tmp\d+$")  # what a killed writer leaves
 _HEAD = struct.Struct("<I")
 MAX_HEADER = 64 << 20
 MAX_PENDING_BYTES = 512 << 20  # rows queued for the writer at most; past it writes are skipped (or wait)
@@ -60,8 +64,9 @@ def _as_bytes(t: torch.Tensor) -> memoryview:
 
 
 class DiskKVStorage(StorageTier):
-    """Runs of KV pages in `<directory>/*.kvp` (see the module docstring). `page_shapes` is
-    the pool's (shape per page, dtype) of each storage tensor; `identity` seeds the keys."""
+    """Runs of KV pages in `<directory>/<identity>-*.kvp` (see the module docstring).
+    `page_shapes` is the pool's (shape per page, dtype) of each storage tensor; `identity` is
+    what the pages' bytes depend on beyond their tokens (`storage_identity`)."""
 
     def __init__(self, config: StorageTierConfig, directory: str | Path, identity: bytes,
                  page_shapes: Sequence[tuple[tuple[int, ...], torch.dtype]]):
@@ -113,11 +118,15 @@ class DiskKVStorage(StorageTier):
             except OSError:
                 continue
         found.sort()  # least recently written first: the LRU's order
-        corrupt = 0
+        corrupt = outdated = 0
         for _, path in found:
             header = self._read_header(path)
             if header == "foreign":
                 self.foreign_files += 1
+                continue
+            if header == "outdated":
+                outdated += 1
+                path.unlink(missing_ok=True)
                 continue
             if header is None or any(k in self._index for k in header["keys"]):  # broken, or a copy
                 corrupt += header is None
@@ -134,19 +143,25 @@ class DiskKVStorage(StorageTier):
         self.counters["corrupt_files"] += corrupt
         with self._lock:
             self._evict_over_budget()
-        logger.info("KV storage %s: %d pages (%d tokens) of this model found%s%s", self.directory,
+        logger.info("KV storage %s: %d pages (%d tokens) of this model found%s%s%s", self.directory,
                     self.stored_pages, self.stored_pages * self.page_size,
                     f"; {corrupt} corrupt or truncated file(s) deleted" if corrupt else "",
+                    f"; {outdated} file(s) of the first format deleted" if outdated else "",
                     f"; {self.foreign_files} file(s) of another model, KV format or page size ignored"
                     if self.foreign_files else "")
 
     def _read_header(self, path: Path) -> dict[str, Any] | str | None:
         """The file's header (its keys as bytes, each page's CRC, the payload's offset and the
-        file's size); "foreign" for another identity; None when the file is broken in any way
-        (it is then deleted: nothing in it is trusted)."""
+        file's size); "foreign" for another identity; "outdated" for the first format; None when
+        the file is broken in any way (it is then deleted: nothing in it is trusted)."""
+        prefix = f"{self.identity.hex()}-"
         try:
             with open(path, "rb") as f:
                 head = f.read(len(MAGIC) + _HEAD.size)
+                if head[: len(OLD_MAGIC)] == OLD_MAGIC:
+                    return "outdated"
+                if not path.name.startswith(prefix) and head[: len(MAGIC)] == MAGIC:
+                    return "foreign"  # (another identity's name; its header is not read)
                 if len(head) < len(MAGIC) + _HEAD.size or head[: len(MAGIC)] != MAGIC:
                     return None
                 (length,) = _HEAD.unpack(head[len(MAGIC):])
@@ -160,7 +175,7 @@ class DiskKVStorage(StorageTier):
                 return "foreign"
             keys = [bytes.fromhex(k) for k in header["keys"]]
             crc = [int(c) for c in header["crc"]]
-            if not keys or len(keys) != len(crc) or path.stem != keys[0].hex():  # named by its first key
+            if not keys or len(keys) != len(crc) or path.stem != prefix + keys[0].hex():  # named by its first key
                 return None
             size = len(head) + length + len(keys) * self.page_bytes
             if path.stat().st_size != size:
@@ -231,7 +246,7 @@ class DiskKVStorage(StorageTier):
         header = json.dumps({"identity": self.identity.hex(), "page_size": self.page_size,
                              "page_bytes": self.page_bytes, "keys": [k.hex() for k in keys],
                              "crc": [zlib.crc32(p) for p in pages]}).encode()
-        final = self.directory / f"{keys[0].hex()}{SUFFIX}"
+        final = self.directory / f"{self.identity.hex()}-{keys[0].hex()}{SUFFIX}"
         tmp = self.directory / f"{final.name}{TMP_MARK}{os.getpid()}"
         try:
             with open(tmp, "wb") as f:

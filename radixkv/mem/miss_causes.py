@@ -11,11 +11,10 @@
                  re-tokenised the conversation): `retokenized`, with the tokenizer's decode
     new          none of the above: never held
 
-The parts add up to the prompt. Pages are named by the KV-events hash chain
-(`radixkv.mem.cache_events`), which every node keeps once computed. The ghost index is fed by
-the tree when pages leave its last tier (device eviction without a host tier, host eviction
-without a storage tier, a save that found no room), and by the storage tier's LRU, under the
-pages' storage keys (`radixkv.mem.page_keys`): a page is evicted if either name is a ghost.
+The parts add up to the prompt. Pages are named by their block hash (`radixkv.mem.tree_hashes`),
+which every node keeps once computed. The ghost index is fed by the tree when pages leave its
+last tier (device eviction without a host tier, host eviction without a storage tier, a save
+that found no room), and by the storage tier's LRU, which keys pages by the same hash.
 """
 
 from __future__ import annotations
@@ -23,10 +22,10 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable, Sequence
-from itertools import repeat
 from typing import Any
 
-from radixkv.mem.cache_events import iter_chain_hashes, namespace_root, node_hashes
+from radixkv.mem import block_hash
+from radixkv.mem.tree_hashes import node_hashes
 
 CAUSES = ("device", "host", "storage", "page_tail", "evicted", "namespace", "retokenized", "new")
 MISSES = ("page_tail", "evicted", "namespace", "retokenized", "new")
@@ -36,7 +35,7 @@ MAX_NAMESPACES = 32  # other namespaces looked in, at most (a server may have th
 
 
 class GhostIndex:
-    """Names of pages that left the cache (event hashes, storage keys), the most recent
+    """Block hashes of pages that left the cache, the most recent
     `capacity`. `add` may come from storage's writer thread: it takes a lock."""
 
     def __init__(self, capacity: int = GHOST_PAGES):
@@ -80,10 +79,8 @@ def explain(cache: Any, prompt: Sequence[int], namespace: Any, device: int, host
         prev = _hash_before(cache, key, at, namespace)
         if prev is not None:
             whole = (len(key) - at) // size * size
-            skeys = cache.storage_chain(key, at, namespace)  # the same pages' storage keys
-            skeys = repeat(None) if skeys is None else skeys
-            for h, k in zip(iter_chain_hashes(prev, key[at:at + whole], size), skeys):
-                if h not in ghosts and k not in ghosts:
+            for h in block_hash.chain(prev, key[at:at + whole], size):
+                if h not in ghosts:
                     break
                 at += size
             out["evicted"] = at - served
@@ -133,11 +130,11 @@ def _common_prefix(a: str, b: str) -> int:
     return n
 
 
-def _hash_before(cache: Any, key: tuple, end: int, namespace: Any) -> int | None:
-    """The chain hash of the page ending `end` tokens into `key` along the tree (the namespace's
+def _hash_before(cache: Any, key: tuple, end: int, namespace: Any) -> bytes | None:
+    """The block hash of the page ending `end` tokens into `key` along the tree (the namespace's
     root at 0); None if the tree does not hold that far."""
     if end == 0:
-        return namespace_root(namespace)
+        return block_hash.root(namespace)
     for child, n in cache.tree.walk(key[: end], namespace):
         if child.depth < end <= child.depth + n:
             return node_hashes(child, cache.page_size)[(end - child.depth) // cache.page_size - 1]

@@ -58,7 +58,7 @@ from radixkv.errors import CacheInvariantError
 from radixkv.mem.allocator import PageAllocator
 from radixkv.mem.base import InsertResult, MatchResult, Namespace, PrefixCache
 from radixkv.mem.cache_checks import check_host_tier, check_tree
-from radixkv.mem.cache_events import GPU, CacheEventLog, node_hashes
+from radixkv.mem.cache_events import GPU, CacheEventLog
 from radixkv.mem.candidates import EvictionCandidates
 from radixkv.mem.eviction import EvictionPolicy, make_policy
 from radixkv.mem.host_tier import HostTier
@@ -66,6 +66,7 @@ from radixkv.mem.miss_causes import GhostIndex
 from radixkv.mem.radix_tree import RadixTree
 from radixkv.mem.storage_tier import StorageTier
 from radixkv.mem.tier_controller import TierController
+from radixkv.mem.tree_hashes import node_hashes
 from radixkv.mem.tree_node import TreeNode
 
 if TYPE_CHECKING:
@@ -74,11 +75,11 @@ if TYPE_CHECKING:
 
 class RadixCache(PrefixCache):
     """The cache manager (see the module docstring): the radix tree over `allocator`'s pages,
-    over `host_tier` and `storage` when given (their page keys seeded with `identity`)."""
+    over `host_tier` and `storage` when given."""
 
     def __init__(self, allocator: PageAllocator, eviction_policy: str | EvictionPolicy = "lru",
                  attention_scale: float | None = None, clock: Callable[[], float] = time.monotonic, *,
-                 host_tier: HostTier | None = None, storage: StorageTier | None = None, identity: bytes = b""):
+                 host_tier: HostTier | None = None, storage: StorageTier | None = None):
         self.allocator = allocator
         self.clock = clock  # seconds >= 0, never going back: what retention deadlines are read against
         self.page_size = allocator.page_size
@@ -87,7 +88,7 @@ class RadixCache(PrefixCache):
         self.ghosts: GhostIndex | None = None  # names of pages that left the cache (miss causes), when set
         if storage is not None and host_tier is None:
             raise ValueError("a storage tier needs a host tier above it")
-        self.tiers = TierController(self, host_tier, storage, identity) if host_tier is not None else None
+        self.tiers = TierController(self, host_tier, storage) if host_tier is not None else None
         self.epoch = -1  # changes to what keys match (never reset): a peek from an earlier epoch is matched again
         self.stats_evicted_tokens = 0
         self._init_tree()
@@ -193,12 +194,6 @@ class RadixCache(PrefixCache):
         if not match.host_tokens:
             return match
         return self.tiers.load_back(match)
-
-    # -- storage keys (for miss causes) ----------------------------------------------------------
-    def storage_chain(self, key: Sequence[int], start: int, namespace: Namespace = None):
-        """The storage keys of `key`'s whole pages from token `start` on (lazily; empty if the
-        tree does not hold `key` that far); None without a storage tier."""
-        return self.tiers.keys.chain(self.tree, key, start, namespace) if self.reads_storage else None
 
     # -- mutation ------------------------------------------------------------------------------
     def insert_path(self, key: Sequence[int], pages: Sequence[int], namespace: Namespace = None) -> InsertResult:
@@ -338,8 +333,8 @@ class RadixCache(PrefixCache):
             self.ghosts.add(node_hashes(node, self.page_size)[keep // self.page_size:])
         if self.events is not None:
             self.events.removed(node, GPU, keep // self.page_size)
-        if node.page_hashes is not None:
-            node.page_hashes = node.page_hashes[: keep // self.page_size]
+        if node.block_hashes is not None:
+            node.block_hashes = node.block_hashes[: keep // self.page_size]
         dropped = node.pages[keep // self.page_size :]
         node.key = node.key[:keep]
         node.pages = node.pages[: keep // self.page_size]

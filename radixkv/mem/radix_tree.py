@@ -166,12 +166,10 @@ class RadixTree:
         upper.retain_until = child.retain_until
         upper.child_key = child.child_key
         upper.from_storage = child.from_storage
-        if child.page_hashes is not None:
-            upper.page_hashes, child.page_hashes = child.page_hashes[:k], child.page_hashes[k:]
+        if child.block_hashes is not None:
+            upper.block_hashes, child.block_hashes = child.block_hashes[:k], child.block_hashes[k:]
         if child.host_pages is not None:
             upper.host_pages, child.host_pages = child.host_pages[:k], child.host_pages[k:]
-        if child.storage_keys is not None:
-            upper.storage_keys, child.storage_keys = child.storage_keys[:k], child.storage_keys[k:]
         parent.children[upper.child_key] = upper
         child.key = child.key[n:]
         child.pages = child.pages[k:]

@@ -1,4 +1,4 @@
-"""The storage tier: KV pages kept below the host tier, keyed by their prefix (`page_keys`).
+"""The storage tier: KV pages kept below the host tier, keyed by their block hash (`block_hash`).
 
 The cache's tier controller decides *what* moves (`radixkv.mem.tier_controller`); a
 `StorageTier` owns the pages' index, its size budget and its LRU. The unit it stores, reads

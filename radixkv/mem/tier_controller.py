@@ -9,7 +9,7 @@ truth about it.
 
 A node is *device-resident* (`pages` set) or *host-only* (`pages == []`, its KV in `host_pages`);
 a host-only node's children are host-only. Stored pages are not in the tree: they are found by
-key (`radixkv.mem.storage_keys`).
+their block hash (`radixkv.mem.tree_hashes`).
 
 What moves:
 - *device -> host* (`demote`): an evicted tail is copied to host pages (unless a write-through
@@ -38,11 +38,11 @@ from dataclasses import replace
 from typing import Any
 
 from radixkv.mem.base import MatchResult
-from radixkv.mem.cache_events import CPU, GPU, node_hashes
+from radixkv.mem.cache_events import CPU, GPU
 from radixkv.mem.host_lru import HostLRU
 from radixkv.mem.host_tier import HostTier
-from radixkv.mem.storage_keys import StorageKeys
 from radixkv.mem.storage_tier import Prefetch, StorageTier
+from radixkv.mem.tree_hashes import TreeHashes
 from radixkv.mem.tree_node import TreeNode
 
 logger = logging.getLogger(__name__)
@@ -50,9 +50,9 @@ logger = logging.getLogger(__name__)
 
 class TierController:
     """Moves pages between the device pool of `cache` (a `RadixCache`), `host` and `storage`
-    (see the module docstring); `identity` seeds the storage keys."""
+    (see the module docstring)."""
 
-    def __init__(self, cache: Any, host: HostTier, storage: StorageTier | None = None, identity: bytes = b""):
+    def __init__(self, cache: Any, host: HostTier, storage: StorageTier | None = None):
         page_size = cache.page_size
         if host.page_size != page_size:
             raise ValueError(f"host tier page_size {host.page_size} != cache page_size {page_size}")
@@ -60,7 +60,7 @@ class TierController:
             raise ValueError(f"storage page_size {storage.page_size} != cache page_size {page_size}")
         self.cache, self.host, self.storage = cache, host, storage
         self.page_size = page_size
-        self.keys = StorageKeys(identity, page_size)
+        self.keys = TreeHashes(page_size)
         self.lru = HostLRU()
         self.host_loaded_tokens = 0  # host -> device, for requests
         self.host_evicted_tokens = 0  # dropped from the host tier
@@ -99,7 +99,7 @@ class TierController:
         storage = self.storage
         if storage is not None and hit and storage.config.write_through \
                 and node.hit_count >= storage.config.hit_threshold and storage.enabled:
-            keys = self.keys.of(self.cache.tree, node)
+            keys = self.keys.of(node)
             if storage.needs(keys):
                 storage.write(keys, self._rows(node))
 
@@ -219,11 +219,11 @@ class TierController:
         """Remove a host-only leaf from the tree and the host tier (written back to storage first)."""
         assert not node.on_device and not node.children
         cache, storage = self.cache, self.storage
-        keys = self.keys.of(cache.tree, node) if storage is not None else None
-        if keys is not None and not storage.config.write_through and storage.needs(keys):
+        keys = self.keys.of(node)
+        if storage is not None and not storage.config.write_through and storage.needs(keys):
             storage.write(keys, self.host.rows(node.host_pages))
-        if cache.ghosts is not None and (keys is None or storage.needs(keys)):  # (not kept below either)
-            cache.ghosts.add(node_hashes(node, self.page_size))
+        if cache.ghosts is not None and (storage is None or storage.needs(keys)):  # (not kept below either)
+            cache.ghosts.add(keys)
         cache.epoch += 1
         parent = node.parent
         del parent.children[node.child_key]
@@ -324,7 +324,7 @@ class TierController:
         assert ck not in parent.children, "a continuation the walk would have matched"
         leaf = TreeNode(key[end:end + n * size], [], parent, now)
         leaf.host_pages, leaf.from_storage = host_pages, True
-        leaf.storage_keys = prefetch.fetch.keys[skip:skip + n]
+        leaf.block_hashes = prefetch.fetch.keys[skip:skip + n]
         leaf.child_key = ck
         cache.epoch += 1  # keys through here now match further (on the host)
         if parent.host_candidate is not None:
@@ -376,7 +376,7 @@ class TierController:
         if not storage.enabled:
             return 0
         for node in reversed(list(self.cache.nodes())):  # children first: parents are then the more recent
-            keys = self.keys.of(self.cache.tree, node)
+            keys = self.keys.of(node)
             if storage.needs(keys):  # (waits for the writer rather than skip: this is the last chance)
                 written += storage.write(keys, self._rows(node), wait=True)
         return written

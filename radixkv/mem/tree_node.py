@@ -8,8 +8,8 @@ in `meta`. `retain_until` is a client's retention hint (`radixkv.retention`), wh
 ranks above any policy's priority.
 
 Where the edge's KV is: `pages` on the device (empty for a node only a lower tier holds),
-`host_pages` on the host tier (None without a copy there); `storage_keys` name its pages in the
-storage tier (`radixkv.mem.block_hash`, computed once asked for). The cache manager's tier
+`host_pages` on the host tier (None without a copy there). `block_hashes` name its pages
+(`radixkv.mem.tree_hashes`: the storage tier's keys, the KV events' ids; computed once asked for). The cache manager's tier
 controller (`radixkv.mem.tier_controller`) moves the pages and keeps these fields.
 """
 
@@ -29,8 +29,8 @@ class TreeNode:
     """One edge of the radix tree (see the module docstring)."""
 
     __slots__ = ("id", "key", "pages", "parent", "children", "child_key", "lock_ref", "last_access",
-                 "hit_count", "created", "depth", "candidate", "meta", "page_hashes", "retain_until",
-                 "host_pages", "host_candidate", "storage_keys", "from_storage")
+                 "hit_count", "created", "depth", "candidate", "meta", "block_hashes", "retain_until",
+                 "host_pages", "host_candidate", "from_storage")
 
     def __init__(self, key: tuple, pages: list[int], parent: TreeNode | None, now: int):
         self.id = next(_node_ids)
@@ -46,13 +46,12 @@ class TreeNode:
         self.depth = 0 if parent is None else parent.depth + len(parent.key)  # tokens above the edge
         self.candidate: tuple | None = None  # entry in the eviction candidate set, if any
         self.meta: Any = None  # free for an eviction policy's own per-node state
-        self.page_hashes: list[int] | None = None  # one chained hash per page, set once KV events need it
+        self.block_hashes: list[bytes] | None = None  # one block hash per page, once asked for
         # retention deadline, on the cache's clock (seconds; 0.0: never retained): until then the
         # node is evicted only when no unretained leaf is left. Never earlier than a child's.
         self.retain_until = 0.0
         self.host_pages: list[int] | None = None  # host-tier copy of `key`, if any
         self.host_candidate: tuple | None = None  # entry in the host tier's LRU, if any
-        self.storage_keys: list[bytes] | None = None  # one storage key per page, once computed
         self.from_storage = False  # installed from storage and not yet loaded on to the device
 
     @property

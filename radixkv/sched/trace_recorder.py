@@ -6,9 +6,11 @@ One JSON object a line, in arrival order, as the Mooncake release has them:
      "output_length": tokens generated, "hash_ids": [one id per `block_size` prompt tokens]}
 
 Each id names its block's whole prefix: the block hash (`radixkv.mem.block_hash`) over the
-namespace and the blocks' token ids (the last, partial block included), keyed and read as a
-63-bit id. The key is drawn afresh for each recording, so ids say which prompts share which prefixes and nothing about their
-tokens, and two recordings' ids do not meet. `radixkv plan` and `radixkv.workloads.replay` read
+namespace and the blocks' token ids (the last, partial block included), as its 63-bit
+`block_id`: at the server's page size, the id its KV events announce for that page and the
+key its storage tier holds it under. No text or token id is written, but the ids are not
+secret: whoever can guess a prompt's tokens can confirm it (share a trace as you would the
+KV events). `radixkv plan` and `radixkv.workloads.replay` read
 it back (`block_size` is in every line, for a reader that needs it).
 
 A line is written once its request finished and every request that arrived before it did too
@@ -19,14 +21,13 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
 
 from radixkv.errors import ConfigError
-from radixkv.mem.block_hash import block_id, chain, seed_digest
+from radixkv.mem.block_hash import block_ids
 from radixkv.sched.request import Req
 
 class TraceRecorder:
@@ -35,7 +36,6 @@ class TraceRecorder:
     def __init__(self, path: str | Path, block_size: int):
         self.path = Path(path)
         self.block_size = block_size
-        self._key = os.urandom(32)
         self._file: IO[str] | None = self.path.open("w", buffering=1)
         self._start: float | None = None
         # In arrival order, by a sequence number of our own (a rid may be used again once its
@@ -50,8 +50,7 @@ class TraceRecorder:
 
     def hash_ids(self, ids: Sequence[int], namespace: Any) -> list[int]:
         """The prefix-block ids of a prompt (see the module docstring)."""
-        root = seed_digest(repr(namespace).encode(), key=self._key)
-        return [block_id(d) for d in chain(root, ids, self.block_size, key=self._key, partial=True)]
+        return block_ids(namespace, ids, self.block_size, partial=True)
 
     def arrived(self, req: Req) -> None:
         if self._start is None:

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from radixkv.errors import ConfigError
-from radixkv.workloads.trace import PrefixIds
+from radixkv.mem.block_hash import block_ids
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +76,6 @@ def generate_chat_trace(config: ChatTraceConfig) -> list[dict]:
     history = [list(systems[c % config.num_groups]) for c in range(config.num_conversations)]
     turns = [0] * config.num_conversations
     weights = 1.0 / np.arange(1, config.num_conversations + 1) ** config.zipf_alpha
-    prefix_ids = PrefixIds(config.block_size)
     clock_ms = 0.0
     records = []
     for _ in range(config.num_requests):
@@ -89,7 +88,7 @@ def generate_chat_trace(config: ChatTraceConfig) -> list[dict]:
             "timestamp": round(clock_ms, 3),
             "input_length": len(prompt),
             "output_length": len(answer),
-            "hash_ids": prefix_ids.hash_ids(prompt),
+            "hash_ids": block_ids(None, prompt, config.block_size, partial=True),
             "input_ids": prompt,
             "session_id": conv,
             "turn": turns[conv],

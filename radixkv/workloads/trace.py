@@ -13,6 +13,8 @@ from dataclasses import dataclass, field, replace
 from itertools import chain
 from pathlib import Path
 
+from radixkv.mem.block_hash import block_ids
+
 BLOCK_SIZE = 512
 
 
@@ -76,31 +78,16 @@ def expand_tokens(req: TraceRequest, block_size: int = BLOCK_SIZE) -> tuple[int,
     return key[: req.input_length]
 
 
-class PrefixIds:
-    """Names each block-aligned token prefix with a small integer; equal prefixes alike."""
-
-    def __init__(self, block_size: int):
-        self.block_size = block_size
-        self._ids: dict[tuple, int] = {}
-
-    def hash_ids(self, tokens: Sequence[int]) -> list[int]:
-        out: list[int] = []
-        for start in range(0, len(tokens), self.block_size):
-            chain = (out[-1] if out else -1, tuple(tokens[start : start + self.block_size]))
-            out.append(self._ids.setdefault(chain, len(self._ids)))
-        return out
-
-
 def rehash(trace: Sequence[TraceRequest], block_size: int) -> list[TraceRequest]:
     """The trace with `hash_ids` recomputed from its `input_ids` at `block_size` granularity.
 
     A cache with pages of `block_size` tokens can share exactly these blocks, so replaying the
-    rehashed trace gives the same hits as replaying the real tokens.
+    rehashed trace gives the same hits as replaying the real tokens. The ids are the block
+    hashes' (`radixkv.mem.block_hash.block_ids`), as a server's recorded trace has them.
     """
-    ids = PrefixIds(block_size)
     out = []
     for req in trace:
         if req.input_ids is None:
             raise ValueError("rehash needs a trace with input_ids")
-        out.append(replace(req, hash_ids=tuple(ids.hash_ids(req.input_ids))))
+        out.append(replace(req, hash_ids=tuple(block_ids(None, req.input_ids, block_size, partial=True))))
     return out

@@ -14,10 +14,10 @@ from radixkv.mem.cache_events import (
     PageLedger,
     PagesRemoved,
     PagesStored,
-    chain_hashes,
-    namespace_root,
     tree_events,
 )
+from radixkv.mem import block_hash
+from radixkv.mem.block_hash import block_id, block_ids
 from radixkv.mem.host_tier import HostTier, HostTierConfig
 from tests.mem.conftest import cache_tokens
 
@@ -57,25 +57,26 @@ def assert_events_rebuild_the_tree(ledger, cache):
 
 
 # -- the hash chain -------------------------------------------------------------------------------
-def test_a_page_hash_chains_its_parent_and_its_own_tokens():
-    first, second = chain_hashes(0, [1, 2, 3, 4], page_size=2)
-    assert chain_hashes(0, [1, 2], 2) == [first]
-    assert chain_hashes(first, [3, 4], 2) == [second]  # a consumer can recompute from the parent
-    assert chain_hashes(0, [1, 2, 3, 5], 2)[0] == first and chain_hashes(0, [1, 2, 3, 5], 2)[1] != second
-    assert chain_hashes(0, [9, 2, 3, 4], 2)[1] != second  # a hash names its whole prefix
+def test_a_page_id_is_its_block_hash_chained_on_its_parent_and_its_own_tokens():
+    first, second = block_ids(None, [1, 2, 3, 4], 2)
+    assert block_ids(None, [1, 2], 2) == [first]
+    (h1,) = block_hash.chain(block_hash.root(None), [1, 2], 2)
+    assert block_id(block_hash.block(h1, [3, 4])) == second  # the hash chains on, the id is its head
+    assert block_ids(None, [1, 2, 3, 5], 2)[0] == first and block_ids(None, [1, 2, 3, 5], 2)[1] != second
+    assert block_ids(None, [9, 2, 3, 4], 2)[1] != second  # a hash names its whole prefix
     assert all(0 <= h < 2**63 for h in (first, second))  # reads the same as int64 and uint64
 
 
 def test_equal_tokens_in_different_namespaces_never_share_a_hash():
-    roots = {namespace_root(ns) for ns in (None, "lora-a", "lora-b", 7, "7", ("salt", 1))}
-    assert len(roots) == 6 and namespace_root(None) == 0
+    roots = {block_hash.root(ns) for ns in (None, "lora-a", "lora-b", 7, "7", ("salt", 1))}
+    assert len(roots) == 6
     cache = recording(RadixCache(PageAllocator(16, 2)))
     for ns in (None, "tenant-a"):
         cache_tokens(cache, [1, 2, 3, 4], ns)
     plain, salted = cache.events.take()
     assert plain.parent is None and salted.parent is None  # both start a chain at the root
     assert plain.token_ids == salted.token_ids and set(plain.hashes).isdisjoint(salted.hashes)
-    assert salted.hashes == chain_hashes(namespace_root("tenant-a"), [1, 2, 3, 4], 2)
+    assert salted.hashes == block_ids("tenant-a", [1, 2, 3, 4], 2)
 
 
 def test_hashes_survive_splits_and_are_the_same_on_every_cache():
@@ -93,10 +94,10 @@ def test_an_insert_stores_only_its_new_pages_chained_to_the_cached_prefix():
     cache = recording(RadixCache(PageAllocator(16, 2)))
     cache_tokens(cache, [1, 2, 3, 4])
     (first,) = cache.events.take()
-    assert first == PagesStored(chain_hashes(0, [1, 2, 3, 4], 2), None, [1, 2, 3, 4], GPU)
+    assert first == PagesStored(block_ids(None, [1, 2, 3, 4], 2), None, [1, 2, 3, 4], GPU)
     cache_tokens(cache, [1, 2, 3, 4, 5, 6, 7])  # the odd last token is not a whole page: not cached
     (more,) = cache.events.take()
-    assert more == PagesStored(chain_hashes(first.hashes[-1], [5, 6], 2), first.hashes[-1], [5, 6], GPU)
+    assert more == PagesStored(block_ids(None, [1, 2, 3, 4, 5, 6], 2)[2:], first.hashes[-1], [5, 6], GPU)
     cache_tokens(cache, [1, 2, 3, 4])
     assert cache.events.take() == []  # nothing new: no event
 
@@ -125,7 +126,7 @@ def test_a_cache_without_a_log_records_nothing_and_keeps_no_hashes():
     cache_tokens(cache, [1, 2, 3, 4])
     cache_tokens(cache, [1, 2, 5, 6])
     cache.evict(100)
-    assert all(node.page_hashes is None for node in cache.nodes())
+    assert all(node.block_hashes is None for node in cache.nodes())
 
 
 def test_device_eviction_moves_pages_to_the_cpu_medium_store_first():

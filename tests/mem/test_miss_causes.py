@@ -78,7 +78,7 @@ def test_a_storage_hit_and_an_eviction_from_the_storage_tier():
 
     host = HostTier(HostTierConfig(2, 4))
     storage = StorageTier(StorageTierConfig(2, 4))  # one 8-token prefix fits in storage
-    cache = RadixCache(PageAllocator(2, 4), "lru", host_tier=host, storage=storage, identity=b"i" * 16)
+    cache = RadixCache(PageAllocator(2, 4), "lru", host_tier=host, storage=storage)
     cache.ghosts = GhostIndex()
     for key in (A, list(range(200, 208)), list(range(300, 308))):  # A: device, host, then storage
         put(cache, key)

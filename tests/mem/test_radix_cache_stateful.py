@@ -440,7 +440,6 @@ def test_radix_cache_with_host_tier_matches_naive_reference():
 
 # -- with a host tier and a storage tier under it --------------------------------------------------
 STORAGE_PAGES = 10
-IDENTITY = b"stateful-machine"
 
 
 class LabelledTiers:
@@ -496,7 +495,7 @@ class StorageCacheMachine(HostCacheMachine):
         self.tier, self.storage = LabelledTiers(page_size, write_policy)
         self.clock = FakeClock()
         self.cache = RadixCache(PageAllocator(NUM_PAGES, page_size), "lru", host_tier=self.tier,
-                                        storage=self.storage, identity=IDENTITY, clock=self.clock)
+                                        storage=self.storage, clock=self.clock)
         self.ref, self.host_ref, self.running, self.history, self.peeked = {}, {}, [], [], []
         self.until = {}
 
@@ -548,12 +547,12 @@ class StorageCacheMachine(HostCacheMachine):
     def storage_consistent(self):
         if not hasattr(self, "cache"):
             return
-        from radixkv.mem.page_keys import chain, root_key
+        from radixkv.mem.block_hash import chain, root
 
         assert self.storage.stored_pages <= STORAGE_PAGES
         assert self.storage.stored_pages == len(self.storage.labels)
         for key, (ns, prefix) in self.storage.labels.items():  # a key names its prefix's KV
-            assert list(chain(root_key(IDENTITY, ns), prefix, self.size))[-1] == key
+            assert list(chain(root(ns), prefix, self.size))[-1] == key
 
 
 def test_radix_cache_with_host_and_storage_tiers_matches_naive_reference():

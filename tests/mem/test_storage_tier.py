@@ -11,7 +11,8 @@ from radixkv.mem import PageAllocator
 from radixkv.mem.disk_storage import SUFFIX, DiskKVStorage
 from radixkv.mem.host_tier import HostKVTier, HostTier, HostTierConfig
 from radixkv.mem.kv_pool import KVLayout, make_kv_pool
-from radixkv.mem.page_keys import chain, root_key, storage_identity
+from radixkv.mem.block_hash import chain, root
+from radixkv.mem.storage_identity import storage_identity
 from radixkv.mem import RadixCache
 from radixkv.mem.storage_tier import StorageTier, StorageTierConfig
 
@@ -24,8 +25,7 @@ IDENTITY = b"test-identity-01"
 def sim_cache(device_pages=8, host_pages=8, storage_pages=64, page_size=1, **storage_options):
     host = HostTier(HostTierConfig(host_pages, page_size))
     storage = StorageTier(StorageTierConfig(storage_pages, page_size, **storage_options))
-    return RadixCache(PageAllocator(device_pages, page_size), "lru", host_tier=host, storage=storage,
-                              identity=IDENTITY)
+    return RadixCache(PageAllocator(device_pages, page_size), "lru", host_tier=host, storage=storage)
 
 
 def cache_tokens(cache, key):
@@ -70,10 +70,10 @@ def test_a_match_continues_from_the_tree_into_storage_past_a_divergence():
 
 
 def test_keys_depend_on_the_whole_prefix_and_the_namespace():
-    root = root_key(IDENTITY, None)
-    assert list(chain(root, [1, 2, 3, 4], 2))[1] != list(chain(root, [9, 9, 3, 4], 2))[1]  # same page, other prefix
-    assert list(chain(root, [1, 2], 2)) != list(chain(root_key(IDENTITY, "salt"), [1, 2], 2))
-    assert list(chain(root, [1, 2, 3], 2)) == list(chain(root, [1, 2], 2))  # whole pages only
+    start = root(None)
+    assert list(chain(start, [1, 2, 3, 4], 2))[1] != list(chain(start, [9, 9, 3, 4], 2))[1]  # same page, other prefix
+    assert list(chain(start, [1, 2], 2)) != list(chain(root("salt"), [1, 2], 2))
+    assert list(chain(start, [1, 2, 3], 2)) == list(chain(start, [1, 2], 2))  # whole pages only
 
 
 def test_another_namespace_does_not_hit_stored_pages():
@@ -115,7 +115,7 @@ def disk_cache(directory, identity=IDENTITY, device_pages=4, host_pages=4, stora
     storage = DiskKVStorage(StorageTierConfig(storage_pages, layout.page_size), directory, identity,
                             pool.page_shapes())
     cache = RadixCache(PageAllocator(device_pages, layout.page_size), "lru", host_tier=host,
-                               storage=storage, identity=identity)
+                               storage=storage)
     return cache, pool
 
 
@@ -241,10 +241,11 @@ def test_torn_corrupt_and_half_written_files_are_misses_never_loaded(tmp_path):
     data[-3] ^= 0xFF  # a flipped byte in the last page: the header still parses
     corrupt.write_bytes(bytes(data))
     (tmp_path / f"{'ab' * 16}{SUFFIX}.tmp12345").write_bytes(b"half a file")
-    (tmp_path / f"{'cd' * 16}{SUFFIX}").write_bytes(b"RKVP1\n\xff\xff")
+    broken = tmp_path / f"{IDENTITY.hex()}-{'cd' * 16}{SUFFIX}"
+    broken.write_bytes(b"RKVP2\n\xff\xff")
     again, pool2 = disk_cache(tmp_path)
     assert not truncated.exists() and not (tmp_path / f"{'ab' * 16}{SUFFIX}.tmp12345").exists()
-    assert not (tmp_path / f"{'cd' * 16}{SUFFIX}").exists()
+    assert not broken.exists()
     assert again.storage.counters["corrupt_files"] == 2
     corrupt_keys = [k for k, (run, _) in again.storage._index.items() if run.id == corrupt.name]
     assert corrupt_keys  # indexed from its header: pages are checked when read
@@ -324,19 +325,20 @@ def test_broken_headers_and_foreign_names_never_stop_a_start_and_others_files_st
 
     def header_file(name, header):
         body = _json.dumps(header).encode()
-        (tmp_path / name).write_bytes(b"RKVP1\n" + _struct.pack("<I", len(body)) + body)
+        (tmp_path / name).write_bytes(b"RKVP2\n" + _struct.pack("<I", len(body)) + body)
 
     ident = IDENTITY.hex()
-    header_file(f"{'11' * 16}{SUFFIX}", [1, 2, 3])
-    header_file(f"{'22' * 16}{SUFFIX}", {"identity": ident, "page_size": 2, "page_bytes": disk_page_bytes(pool),
+    header_file(f"{ident}-{'11' * 16}{SUFFIX}", [1, 2, 3])
+    header_file(f"{ident}-{'22' * 16}{SUFFIX}", {"identity": ident, "page_size": 2, "page_bytes": disk_page_bytes(pool),
                                           "keys": ["zz" * 16], "crc": [0]})
     (tmp_path / f"{'33' * 16}{SUFFIX}.tmp99").mkdir()
     (tmp_path / "notes.tmp").write_text("the user's")
-    misnamed = tmp_path / f"{'44' * 16}{SUFFIX}"
+    misnamed = tmp_path / f"{ident}-{'44' * 16}{SUFFIX}"
     misnamed.write_bytes(good[0].read_bytes())  # a copy under another name: its keys are another file's
     again, _ = disk_cache(tmp_path)
     assert again.storage.enabled and again.storage.stored_pages > 0
-    assert not (tmp_path / f"{'11' * 16}{SUFFIX}").exists() and not (tmp_path / f"{'22' * 16}{SUFFIX}").exists()
+    assert not (tmp_path / f"{ident}-{'11' * 16}{SUFFIX}").exists()
+    assert not (tmp_path / f"{ident}-{'22' * 16}{SUFFIX}").exists()
     assert not misnamed.exists() and (tmp_path / "notes.tmp").exists()
     assert all(p.exists() for p in good)
     again.storage.close()
@@ -392,7 +394,7 @@ def test_writes_past_the_pending_cap_are_skipped_or_wait(tmp_path):
 
 
 def test_retrained_weights_of_the_same_size_change_the_identity(tmp_path):
-    from radixkv.mem.page_keys import model_fingerprint
+    from radixkv.mem.storage_identity import model_fingerprint
 
     (tmp_path / "config.json").write_text("{}")
     weights = tmp_path / "model.safetensors"

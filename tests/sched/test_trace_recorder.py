@@ -6,6 +6,7 @@ import json
 import pytest
 
 from radixkv.errors import ConfigError
+from radixkv.mem.block_hash import block_ids
 from radixkv.sampling_params import SamplingParams
 from radixkv.sched import Req
 from radixkv.workloads.replay import replay
@@ -47,17 +48,23 @@ def test_the_recorded_trace_names_shared_blocks_alike_in_arrival_order(tiny_sche
     assert sum(t.input_length for t in trace) == result.prompt_tokens
 
 
-def test_two_recordings_do_not_share_ids(tiny_scheduler, tmp_path):
+def test_two_recordings_name_a_block_alike_and_namespaces_apart(tiny_scheduler, tmp_path):
+    """The ids are the block hash's (the ones the KV events announce and the store keys by), no
+    longer keyed by a per-recording secret (issue 36: one block hash); a namespace still
+    separates them."""
     ids = []
-    for name in ("a", "b"):
+    for name, namespace in (("a", None), ("b", None), ("c", "tenant-b")):
         path = tmp_path / f"{name}.jsonl"
         sched = tiny_scheduler(record_trace=str(path), compile="off")
-        sched.add_request(Req("r", SYSTEM, SamplingParams(max_new_tokens=1)))
+        req = Req("r", SYSTEM, SamplingParams(max_new_tokens=1))
+        req.namespace = namespace
+        sched.add_request(req)
         while sched.has_work:
             sched.step()
         sched.close()
         ids.append(json.loads(path.read_text())["hash_ids"])
-    assert ids[0] != ids[1]
+    assert ids[0] == ids[1] == block_ids(None, SYSTEM, 16, partial=True)
+    assert set(ids[2]).isdisjoint(ids[0])
 
 
 def test_a_rid_used_again_keeps_every_line(tiny_scheduler, tmp_path):

@@ -2,7 +2,8 @@ import json
 
 import pytest
 
-from radixkv.workloads.trace import PrefixIds, TraceRequest, expand_tokens, load_trace, rehash
+from radixkv.mem.block_hash import block_ids
+from radixkv.workloads.trace import TraceRequest, expand_tokens, load_trace, rehash
 
 
 def test_expanded_prompts_share_exactly_their_common_leading_blocks():
@@ -31,16 +32,18 @@ def test_load_trace_names_the_bad_line(tmp_path):
         load_trace(tmp_path / "missing.jsonl")
 
 
-def test_prefix_ids_name_equal_prefixes_alike():
-    ids = PrefixIds(2)
-    assert ids.hash_ids([1, 2, 3, 4, 5]) == [0, 1, 2]
-    assert ids.hash_ids([1, 2, 3, 4, 6]) == [0, 1, 3]
-    assert ids.hash_ids([1, 2, 9, 4]) == [0, 4]  # same block, other prefix: other id
+def test_block_ids_name_equal_prefixes_alike():
+    a, b, c = block_ids(None, [1, 2, 3, 4, 5], 2, partial=True)
+    assert block_ids(None, [1, 2, 3, 4, 6], 2, partial=True)[:2] == [a, b]
+    assert block_ids(None, [1, 2, 3, 4, 6], 2, partial=True)[2] != c
+    x, y = block_ids(None, [1, 2, 9, 4], 2, partial=True)
+    assert x == a and y not in (b, c)  # same block, other prefix: other id
 
 
 def test_rehash_recomputes_blocks_from_tokens():
     trace = [TraceRequest(0, 3, 1, (0,), input_ids=(5, 6, 7)),
              TraceRequest(0, 4, 1, (1,), input_ids=(5, 6, 8, 9))]
     out = rehash(trace, 2)
+    assert out[1].hash_ids == tuple(block_ids(None, [5, 6, 8, 9], 2))  # the block hash's ids
     assert out[0].hash_ids[0] == out[1].hash_ids[0]
     assert out[0].hash_ids[1] != out[1].hash_ids[1]
