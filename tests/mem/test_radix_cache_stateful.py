@@ -556,8 +556,10 @@ class StorageCacheMachine(HostCacheMachine):
 
 
 def test_radix_cache_with_host_and_storage_tiers_matches_naive_reference():
+    # Derandomized: the same 150 programs every run, among them ones that reach every storage
+    # path (`seen_storage`); random ones missed the storage hit about one run in five.
     StorageCacheMachine.TestCase.settings = settings(
-        max_examples=150, stateful_step_count=50, deadline=None,
+        max_examples=150, stateful_step_count=50, deadline=None, derandomize=True, database=None,
         suppress_health_check=[HealthCheck.too_slow],
     )
     StorageCacheMachine.TestCase().runTest()
