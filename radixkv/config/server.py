@@ -9,6 +9,7 @@ from typing import Any
 
 from radixkv.config.fields import opt
 from radixkv.errors import ConfigError
+from radixkv.tenancy import SHARING
 
 ROUTERS = ("embedded", "sglang")
 MAX_DP = 16
@@ -28,8 +29,19 @@ class ServerConfig:
     port: int = _flag(30000, "port to listen on (default: %(default)s)")
     api_key: tuple[str, ...] | None = _flag(
         None, "require 'Authorization: Bearer KEY' on every endpoint but /health; repeat it for several "
-              "clients, each its own principal (request ids a client chooses are its own: no other key can "
-              "abort them or see them) (default: no key)", action="append", metavar="KEY")
+              "clients, each its own principal: its own cache namespace (no key hits or sees another's cached "
+              "prefixes, unless --cache-sharing all), its own request ids and stored responses "
+              "(default: no key)", action="append", metavar="KEY")
+    admin_key: str | None = _flag(
+        None, "a key that may also POST /flush_cache and see every tenant's nodes in /cache_tree and "
+              "/dashboard; it serves requests as a principal of its own. With several --api-key and no "
+              "--admin-key, no key may flush; with one key or none, that key (or anyone) may "
+              "(default: none)", metavar="KEY")
+    cache_sharing: str = _flag(
+        "per-key", "with several --api-key: per-key gives each key its own prefix cache (a repeat of "
+                   "another key's prompt computes every token); all shares one cache between every key "
+                   "(more hits, but a key can tell from timing or cached_tokens what another key sent) "
+                   "(default: %(default)s)", choices=SHARING)
     shutdown_timeout: float = _flag(
         30.0, "on SIGTERM, stop taking requests and give those in flight this long to finish; then each "
               "left ends with an error (a stream with an error event and [DONE]) and the server exits. "
@@ -59,6 +71,12 @@ class ServerConfig:
         check(isinstance(self.port, int) and 0 < self.port < 65536, f"--port {self.port}: must be in 1..65535")
         check(self.api_key is None or all(isinstance(key, str) and key for key in self.api_key),
               "--api-key: a key must not be empty")
+        check(self.admin_key is None or (isinstance(self.admin_key, str) and self.admin_key != ""),
+              "--admin-key: must not be empty")
+        check(self.admin_key is None or bool(self.api_keys), "--admin-key needs --api-key (keys for the tenants)")
+        check(self.admin_key is None or self.admin_key not in self.api_keys,
+              "--admin-key: must differ from every --api-key")
+        check(self.cache_sharing in SHARING, f"--cache-sharing {self.cache_sharing}: must be one of {list(SHARING)}")
         check(0 <= self.shutdown_timeout <= 24 * 3600,
               f"--shutdown-timeout {self.shutdown_timeout}: must be in [0, 86400] seconds")
         check(self.max_body_bytes is None or self.max_body_bytes >= 1024,
@@ -68,6 +86,7 @@ class ServerConfig:
         check(self.responses_store_ttl > 0, f"--responses-store-ttl={self.responses_store_ttl}: must be > 0 seconds")
         check(isinstance(self.dp, int) and 1 <= self.dp <= MAX_DP, f"--dp {self.dp}: must be in 1..{MAX_DP}")
         check(self.dp == 1 or len(self.api_keys) <= 1, "--dp takes one --api-key (the router's clients share it)")
+        check(self.dp == 1 or self.admin_key is None, "--admin-key: not with --dp (the router's clients share one key)")
         check(self.dp == 1 or self.port + self.dp < 65536,
               f"--port {self.port}: PORT..PORT+{self.dp} must be valid ports")
         check(self.router in ROUTERS, f"--router {self.router}: must be one of {list(ROUTERS)}")

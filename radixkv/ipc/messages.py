@@ -51,10 +51,12 @@ CACHE_TREE_MAX_NODES = 2000
 @dataclass(frozen=True, slots=True)
 class ControlRequest:
     """Tokenizer manager -> scheduler: `kind` is "flush_cache", "stats", "cache_tree" (the top
-    `CACHE_TREE_MAX_NODES` nodes, `radixkv.mem.tree_view`) or "shutdown"."""
+    `CACHE_TREE_MAX_NODES` nodes, `radixkv.mem.tree_view`) or "shutdown". `viewer`: whose
+    nodes a "cache_tree" shows (`radixkv.tenancy.visible`; None: all)."""
 
     call_id: str
     kind: str
+    viewer: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

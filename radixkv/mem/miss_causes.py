@@ -6,7 +6,9 @@
                  agree before they part
     evicted      held earlier, evicted since (a bounded *ghost index* of the page hashes that
                  left every tier, as ARC keeps ghost lists)
-    namespace    cached, but under another namespace (cache salt, LoRA)
+    namespace    cached, but under another namespace (cache salt, LoRA) of the same tenant
+                 (`radixkv.tenancy.owner`: another tenant's cache is never looked in, so
+                 the answer says nothing about what other keys sent)
     retokenized  the text matches a cached sequence but the token ids diverge (a client that
                  re-tokenised the conversation): `retokenized`, with the tokenizer's decode
     new          none of the above: never held
@@ -26,6 +28,7 @@ from typing import Any
 
 from radixkv.mem import block_hash
 from radixkv.mem.tree_hashes import node_hashes
+from radixkv.tenancy import owner
 
 CAUSES = ("device", "host", "storage", "page_tail", "evicted", "namespace", "retokenized", "new")
 MISSES = ("page_tail", "evicted", "namespace", "retokenized", "new")
@@ -142,8 +145,10 @@ def _hash_before(cache: Any, key: tuple, end: int, namespace: Any) -> bytes | No
 
 
 def _other_namespace(cache: Any, key: tuple, namespace: Any) -> int:
-    """The longest cached prefix of `key` in another namespace (any tier; `MAX_NAMESPACES` looked in)."""
-    spaces = {ck[0] for ck in cache.root.children} - {namespace}
+    """The longest cached prefix of `key` in another namespace of the same tenant (any tier;
+    `MAX_NAMESPACES` looked in)."""
+    mine = owner(namespace)
+    spaces = {ck[0] for ck in cache.root.children if owner(ck[0]) == mine} - {namespace}
     best = 0
     for space in list(spaces)[:MAX_NAMESPACES]:
         m = cache.peek(key, space)

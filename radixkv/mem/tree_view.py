@@ -3,7 +3,8 @@
 `tree_nodes(cache, limit)` ranks every node by `tokens x (hits + 1)` (what it holds times how
 often it served) and returns the top `limit`, each with its parent's id, so a client can draw
 the tree those nodes span. Token ids are kept (the first `PREVIEW_TOKENS`); the HTTP process
-turns them into a text preview with the tokenizer.
+turns them into a text preview with the tokenizer. With a `viewer` (a principal, `radixkv.tenancy`)
+only the namespaces it owns are looked at, and counted in the totals.
 """
 
 from __future__ import annotations
@@ -12,11 +13,12 @@ import heapq
 from typing import Any
 
 from radixkv.ipc.messages import CACHE_TREE_MAX_NODES as MAX_NODES
+from radixkv.tenancy import visible
 
 PREVIEW_TOKENS = 32
 
 
-def tree_nodes(cache: Any, limit: int = 200) -> dict[str, Any]:
+def tree_nodes(cache: Any, limit: int = 200, viewer: str | None = None) -> dict[str, Any]:
     """`{"nodes": [...], "total_nodes", "total_tokens"}` of `cache` (see the module docstring).
 
     A node: `id`, `parent` (None under the root), `depth` (tokens above it), `tokens`,
@@ -26,7 +28,7 @@ def tree_nodes(cache: Any, limit: int = 200) -> dict[str, Any]:
     if root is None:  # the no-op cache holds nothing
         return {"nodes": [], "total_nodes": 0, "total_tokens": 0}
     rows, total_tokens = [], 0
-    stack = [(child, ck[0]) for ck, child in root.children.items()]
+    stack = [(child, ck[0]) for ck, child in root.children.items() if visible(ck[0], viewer)]
     while stack:
         node, namespace = stack.pop()
         total_tokens += len(node.key)

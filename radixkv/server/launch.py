@@ -181,8 +181,9 @@ def serve(config: EngineConfig, server: ServerConfig) -> int:
     model_dir = resolve_model_dir(config.runtime.model, config.runtime.cache_dir)  # converts a GGUF once, with progress
     name = server.served_model_name or (DEFAULT_MODEL_NAME if config.runtime.model is None else Path(config.runtime.model).stem)
     config = config.with_options(model=str(model_dir))
-    settings = ServerSettings(name, server.api_keys, server.max_body_bytes or DEFAULT_MAX_BODY_BYTES,
-                              server.shutdown_timeout, server.responses_store_size, server.responses_store_ttl)
+    settings = ServerSettings(name, server.api_keys, server.admin_key, server.cache_sharing,
+                              server.max_body_bytes or DEFAULT_MAX_BODY_BYTES, server.shutdown_timeout,
+                              server.responses_store_size, server.responses_store_ttl)
     quiet_compute_threads()  # the HTTP process only tokenizes and routes; children set their own
     if "torch" in sys.modules:  # (the tokenizer may bring it in later; quiet_compute_threads covers that)
         sys.modules["torch"].set_num_threads(1)

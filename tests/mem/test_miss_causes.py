@@ -4,6 +4,7 @@ up to the prompt."""
 from radixkv.mem import NoCache, PageAllocator, RadixCache
 from radixkv.mem.host_tier import HostTier, HostTierConfig
 from radixkv.mem.miss_causes import CAUSES, GhostIndex, explain, retokenized
+from radixkv.tenancy import namespace, principal_of, salt_namespace
 
 
 def radix(pages=16, page_size=4):
@@ -31,6 +32,7 @@ def why(cache, key, namespace=None):
 
 
 A = list(range(100, 108))
+B = list(range(300, 308))
 
 
 def test_a_never_seen_prompt_is_new():
@@ -56,9 +58,21 @@ def test_the_part_of_a_page_the_cache_holds_but_cannot_share():
 
 def test_cached_under_another_namespace():
     cache = radix()
-    put(cache, A, namespace="tenant-a")
+    salted = salt_namespace("a salt")
+    put(cache, A, namespace=salted)
     assert why(cache, A) == {"namespace": 8}
-    assert why(cache, A, "tenant-a") == {"device": 8}
+    assert why(cache, A, salted) == {"device": 8}
+
+
+def test_another_tenants_cache_is_never_looked_in():
+    """Issue 41: the `namespace` cause told a key that another key had sent the same prompt."""
+    cache = radix()
+    k1, k2 = principal_of("k1"), principal_of("k2")
+    put(cache, A, namespace=namespace(k1, None))
+    put(cache, B, namespace=namespace(k1, salt_namespace("s")))
+    assert why(cache, A, namespace(k2, None)) == {"new": 8}
+    assert why(cache, B, namespace(k2, salt_namespace("s"))) == {"new": 8}
+    assert why(cache, B, namespace(k1, None)) == {"namespace": 8}  # its own other namespace still counts
 
 
 def test_a_host_hit_and_an_eviction_from_the_host_tier():

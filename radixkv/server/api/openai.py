@@ -34,14 +34,14 @@ from radixkv.server.api.protocol import (
     check_choices,
     openai_retention,
     refuse_unsupported,
-    salt_namespace,
     sampling_dict,
 )
 from radixkv.server.api.tools import CallStream, ToolCall, ToolSet, openai_tool_set
 from radixkv.server.http.app import Api
-from radixkv.validation import check_token_ids
 from radixkv.server.http.common import all_or_none, json_body, request_body
 from radixkv.server.runtime.tokenizer_manager import Chunk, TokenizerManager
+from radixkv.tenancy import salt_namespace
+from radixkv.validation import check_token_ids
 
 router = APIRouter()
 

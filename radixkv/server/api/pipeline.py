@@ -19,13 +19,21 @@ from typing import Any, TypeVar
 
 from fastapi import Request
 
+from radixkv import tenancy
 from radixkv.errors import EngineError, InvalidRequestError, RadixKVError
 from radixkv.mem.miss_causes import CAUSES
 from radixkv.results import Collected
 from radixkv.retention import Retention
 from radixkv.sampling_params import LogprobParams, SamplingParams
 from radixkv.server.api.tools import ToolSet
-from radixkv.server.http.common import HTTPError, all_or_none, first_then_rest, until_disconnected
+from radixkv.server.http.common import (
+    HTTPError,
+    all_or_none,
+    cache_owner,
+    first_then_rest,
+    principal,
+    until_disconnected,
+)
 from radixkv.server.http.sse import PLAIN, Event, StreamFormat, streaming_response
 from radixkv.server.runtime.tokenizer_manager import Chunk, TokenizerManager
 
@@ -42,7 +50,7 @@ class Generation:
     ids: list[int]
     params: SamplingParams
     logprob: LogprobParams = LogprobParams()
-    namespace: str | None = None  # the request's `cache_salt` namespace (None: the shared tree)
+    namespace: str | None = None  # its cache namespace: the salt's, then the asker's (`Serving.scoped`)
     retention: Retention | None = None  # how long the cache is asked to keep its prefixes
     rid: str | None = None  # the client's name for it
     principal: str = ""  # whose name `rid` is
@@ -107,13 +115,22 @@ class Serving:
 
     async def handle(self) -> Any:
         body = await self.parse()
-        generations = self.build(body)
+        generations = self.scoped(self.build(body))
         await until_disconnected(self.request, self.prefill(generations))
         if self.streams(body):
             chunks = await started(self.request, merged(self.manager, generations))
             return streaming_response(self.events(body, generations, chunks), self.stream_format)
         results = await until_disconnected(self.request, all_or_none(*(g.generate(self.manager) for g in generations)))
         return self.respond(body, generations, results)
+
+    def scoped(self, generations: list[Generation]) -> list[Generation]:
+        """The generations as the asker's: their rids named in their principal, their prefixes
+        cached in their namespace (`radixkv.tenancy`: no other key hits or sees them)."""
+        who, owner = principal(self.request), cache_owner(self.request)
+        for g in generations:
+            g.principal = who
+            g.namespace = tenancy.namespace(owner, g.namespace)
+        return generations
 
     async def parse(self) -> Any:
         raise NotImplementedError

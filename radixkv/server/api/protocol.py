@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from radixkv.errors import InvalidRequestError
 from radixkv.retention import CONVERSATION_SECONDS, Retention
 from radixkv.sampling_params import SEED_MAX, SEED_MIN, LogprobParams
+from radixkv.tenancy import salt_namespace
 
 
 class Strict(BaseModel):
@@ -103,19 +104,6 @@ def _is_on(value: Any) -> bool:
     if isinstance(value, list):
         return any(_is_on(v) for v in value)
     return value not in (None, False, "", {}, [])
-
-
-MAX_SALT_CHARS = 256
-
-
-def salt_namespace(salt: str | None) -> str | None:
-    """The radix tree's namespace of a `cache_salt` (None: the shared one). Requests with one salt
-    share prefixes only with each other."""
-    if salt is None:
-        return None
-    if not isinstance(salt, str) or not salt or len(salt) > MAX_SALT_CHARS:
-        raise InvalidRequestError(f"cache_salt: must be a non-empty string of at most {MAX_SALT_CHARS} characters")
-    return f"salt:{salt}"
 
 
 class ConcatAppendBody(Strict):

@@ -33,7 +33,8 @@ from radixkv.server.api.conversation import (
     render_ids,
 )
 from radixkv.server.api.pipeline import Generation, Result, Serving, Usage, only, with_call_grammar
-from radixkv.server.api.protocol import openai_retention, salt_namespace
+from radixkv.server.api.protocol import openai_retention
+from radixkv.tenancy import salt_namespace
 from radixkv.server.api.response_store import ResponseStore, StoredResponse
 from radixkv.server.api.responses_protocol import ResponsesBody, input_messages
 from radixkv.server.api.tools import CallStream, ToolCall, ToolSet, openai_tool_set

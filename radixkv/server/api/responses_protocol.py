@@ -65,7 +65,7 @@ class ResponsesBody(Strict):
     prompt_cache_key: str | None = None
     prompt_cache_retention: Literal["in_memory", "24h"] | None = None
     prompt_cache_options: CacheOptions | None = None
-    cache_salt: str | None = None  # vLLM's and SGLang's namespace (see protocol.salt_namespace)
+    cache_salt: str | None = None  # vLLM's and SGLang's namespace (see tenancy.salt_namespace)
     truncation: Literal["disabled"] | None = None  # "auto" would drop turns; refused
     service_tier: Literal["auto", "default"] | None = None
     seed: int | None = Field(default=None, ge=SEED_MIN, le=SEED_MAX)  # an extension, as in vLLM

@@ -10,7 +10,7 @@ from fastapi.responses import HTMLResponse, Response
 
 from radixkv.errors import RadixKVError
 from radixkv.ipc.messages import CACHE_TREE_MAX_NODES as MAX_NODES
-from radixkv.server.http.common import HTTPError, error_response
+from radixkv.server.http.common import HTTPError, error_response, is_admin, principal, viewer
 from radixkv.server.http.dashboard import PAGE as DASHBOARD
 from radixkv.server.runtime.tokenizer_manager import TokenizerManager
 from radixkv.version import __version__
@@ -69,7 +69,10 @@ def kv_events_info(described: dict[str, Any] | None, stats: dict[str, Any]) -> d
 
 @router.post("/flush_cache")
 async def flush_cache(request: Request):
-    """Empty the prefix cache (409 while requests are in flight)."""
+    """Empty the prefix cache (409 while requests are in flight). Only the admin key may,
+    on a server with several keys (`--admin-key`): it empties every tenant's cache."""
+    if not is_admin(request):
+        raise HTTPError(403, "flush_cache empties every tenant's cache: only the --admin-key may", "permission_error")
     if not (await request.app.state.manager.control("flush_cache"))["flushed"]:
         raise HTTPError(409, "the cache was not flushed: requests are in flight (retry when idle)", "conflict")
     return {"flushed": True}
@@ -82,10 +85,13 @@ async def cache_tree(request: Request, limit: int = 200):
     if not 1 <= limit <= MAX_NODES:
         raise HTTPError(400, f"limit={limit}: must be in 1..{MAX_NODES}", "invalid_request_error")
     manager: TokenizerManager = request.app.state.manager
-    tree = await manager.control("cache_tree")
+    seen_by = viewer(request)
+    tree = await manager.control("cache_tree", viewer=seen_by)
     nodes = tree["nodes"][:limit]
+    hide_text = seen_by == "" and principal(request) != ""  # several keys share one cache: not their text
     for node in nodes:
-        node["preview"] = manager.tokenizer.decode(node.pop("preview_ids"))
+        ids = node.pop("preview_ids")
+        node["preview"] = None if hide_text else manager.tokenizer.decode(ids)
     return {"nodes": nodes, "total_nodes": tree["total_nodes"], "total_tokens": tree["total_tokens"],
             "page_size": manager.info["page_size"]}
 

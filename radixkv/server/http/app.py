@@ -32,6 +32,7 @@ from radixkv.server.http.common import (
 )
 from radixkv.server.http.metrics import ServerMetrics
 from radixkv.server.runtime.tokenizer_manager import TokenizerManager
+from radixkv.tenancy import principal_of
 from radixkv.version import __version__
 
 __all__ = ["DEFAULT_MAX_BODY_BYTES", "Api", "ServerSettings", "create_app"]
@@ -62,11 +63,17 @@ class ApiKeyMiddleware:
     one of the keys (every path but `OPEN_PATHS`).
 
     Keys are compared in constant time, all of them every time, against both headers; the key
-    that matched is the request's principal (`common.principal`)."""
+    that matched is the request's principal (`common.principal`: a digest of the key, or '' when
+    the server has one principal), and whether it is the admin key (`common.is_admin`)."""
 
-    def __init__(self, app, api_keys: tuple[str, ...], answer: Callable[[str, int, str, str], Response] | None = None):
+    def __init__(self, app, api_keys: tuple[str, ...], admin_key: str | None = None,
+                 answer: Callable[[str, int, str, str], Response] | None = None):
         self.app = app
-        self.keys = [key.encode() for key in api_keys]
+        keys = [*api_keys, *([admin_key] if admin_key is not None else [])]
+        self.keys = [key.encode() for key in keys]
+        several = len(keys) > 1
+        self.principals = [principal_of(key) if several else "" for key in keys]
+        self.admin = [admin_key is None and not several or key == admin_key for key in keys]
         self.answer = answer or (lambda path, status, message, kind: error_response(status, message, kind))
 
     async def __call__(self, scope, receive, send):
@@ -85,7 +92,8 @@ class ApiKeyMiddleware:
                                        "authentication_error")
                 await response(scope, receive, send)
                 return
-            scope.setdefault("state", {})["principal"] = f"key{matched}"
+            state = scope.setdefault("state", {})
+            state["principal"], state["admin"] = self.principals[matched], self.admin[matched]
         await self.app(scope, receive, send)
 
 
@@ -101,7 +109,8 @@ def create_app(manager: TokenizerManager, settings: ServerSettings, metrics: Ser
         return (own or error_response)(status, message, kind)
 
     if settings.api_keys:
-        app.add_middleware(ApiKeyMiddleware, api_keys=settings.api_keys, answer=error_answer)
+        app.add_middleware(ApiKeyMiddleware, api_keys=settings.api_keys, admin_key=settings.admin_key,
+                           answer=error_answer)
     for api in apis:
         if api.setup is not None:
             api.setup(app, settings)

@@ -34,6 +34,8 @@ class ServerSettings:
 
     model_name: str  # what /v1/models lists and OpenAI requests must name
     api_keys: tuple[str, ...] = ()  # each a principal; none: every client is the same one
+    admin_key: str | None = None  # may flush and see every tenant (`radixkv.tenancy`)
+    cache_sharing: str = "per-key"  # `tenancy.SHARING`: each principal its own cache, or one for all
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT  # seconds a SIGTERM waits for requests in flight
     responses_store_size: int = 1024  # stored Responses API responses (previous_response_id), at most
@@ -156,9 +158,27 @@ def request_body(model: type[BaseModel]) -> dict[str, Any]:
 
 
 def principal(request: Request) -> str:
-    """Who is asking: the API key they authenticated with (`ApiKeyMiddleware`), or '' when the
-    server takes no key. Client-chosen request ids are scoped to it."""
+    """Who is asking (`ApiKeyMiddleware`, `radixkv.tenancy.principal_of` of their key), or ''
+    when the server has one principal (one key or none). Client-chosen request ids and stored
+    responses are scoped to it."""
     return getattr(request.state, "principal", "")
+
+
+def is_admin(request: Request) -> bool:
+    """Whether the asker may act on every tenant: the admin key, or anyone on a server with one
+    principal."""
+    return getattr(request.state, "admin", True)
+
+
+def cache_owner(request: Request) -> str:
+    """The principal whose cache namespace the request's prefixes live in ('' when shared)."""
+    settings: ServerSettings = request.app.state.settings
+    return principal(request) if settings.cache_sharing == "per-key" else ""
+
+
+def viewer(request: Request) -> str | None:
+    """Whose cached nodes the asker may see (`radixkv.tenancy.visible`): None for all."""
+    return None if is_admin(request) else cache_owner(request)
 
 
 # -- leaving with the client ---------------------------------------------------------------------

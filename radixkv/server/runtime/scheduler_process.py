@@ -38,8 +38,9 @@ from radixkv.procs import PARENT_POLL_MS, become_child, parent_alive
 from radixkv.sched import Req
 from radixkv.server.runtime.sockets import Endpoints
 
-CONTROLS = {"flush_cache": lambda s: {"flushed": s.flush_cache()}, "stats": lambda s: s.get_stats(),
-            "cache_tree": lambda s: tree_nodes(s.cache, MAX_NODES)}
+CONTROLS = {"flush_cache": lambda s, viewer: {"flushed": s.flush_cache()},
+            "stats": lambda s, viewer: s.get_stats(),
+            "cache_tree": lambda s, viewer: tree_nodes(s.cache, MAX_NODES, viewer)}
 
 
 def scheduler_info(scheduler: EngineCore, config: EngineConfig) -> dict[str, Any]:
@@ -106,7 +107,7 @@ class ZmqInbox:
             if fn is None:
                 self.reply.send(encode(ControlReply(msg.call_id, False, {"error": f"unknown control {msg.kind!r}"})))
                 return None
-            command = CallCore(fn)
+            command = CallCore(lambda s, fn=fn, viewer=msg.viewer: fn(s, viewer))
             command.future.add_done_callback(lambda f, cid=msg.call_id: self._answer(cid, f))
             return command
         self.logger.error("unexpected %s on the scheduler's socket", type(msg).__name__)

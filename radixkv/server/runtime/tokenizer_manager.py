@@ -194,14 +194,14 @@ class TokenizerManager:
         self._send(AbortMsg(request_id))
         return True
 
-    async def control(self, kind: str, timeout: float = 60.0) -> dict[str, Any]:
-        """Ask the scheduler: "flush_cache" or "stats"."""
+    async def control(self, kind: str, timeout: float = 60.0, viewer: str | None = None) -> dict[str, Any]:
+        """Ask the scheduler: "flush_cache", "stats" or "cache_tree" (of what `viewer` may see)."""
         self._check_alive()
         call_id = uuid.uuid4().hex
         future = asyncio.get_running_loop().create_future()
         self.calls[call_id] = future
         try:
-            self._send(ControlRequest(call_id, kind))
+            self._send(ControlRequest(call_id, kind, viewer))
             reply: ControlReply = await asyncio.wait_for(future, timeout)
         except asyncio.TimeoutError:
             raise ServiceUnavailable(f"the scheduler did not answer {kind!r} within {timeout:.0f} s") from None
