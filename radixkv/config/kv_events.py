@@ -37,6 +37,9 @@ class KVEventsConfig:
     hwm: int = 100_000  # ZMQ high-water mark of the PUB socket, in messages
     bind: bool | None = None  # bind (true) or connect (false) the PUB socket; None: by the endpoint
     encoding: str = "map"  # radixkv's own key: one of KV_EVENT_ENCODINGS
+    # radixkv's own key: a wildcard host (tcp://*:PORT, 0.0.0.0, ::) binds every interface only
+    # when true; else loopback. The events carry every tenant's token ids (docs: Security model).
+    expose: bool = False
 
     def __post_init__(self) -> None:
         def check(ok: bool, key: str, why: str) -> None:
@@ -57,6 +60,7 @@ class KVEventsConfig:
             check(isinstance(value, int) and not isinstance(value, bool) and value >= 0, key,
                   "must be an integer >= 0")
         check(self.bind is None or isinstance(self.bind, bool), "bind", "must be true, false or null")
+        check(isinstance(self.expose, bool), "expose", "must be true or false")
         check(self.encoding in KV_EVENT_ENCODINGS, "encoding", f"must be one of {list(KV_EVENT_ENCODINGS)}")
 
     @property
@@ -70,6 +74,25 @@ class KVEventsConfig:
             return self.bind
         host = self.endpoint.removeprefix("tcp://").rpartition(":")[0]
         return not self.endpoint.startswith("tcp://") or host in ("*", "0.0.0.0", "::", "[::]")
+
+    def bind_address(self, address: str) -> str:
+        """Where a socket configured with `address` binds: a wildcard tcp host becomes loopback
+        unless `expose` (the feed carries every tenant's token ids)."""
+        if self.expose or not address.startswith("tcp://"):
+            return address
+        head, _, port = address.removeprefix("tcp://").rpartition(":")
+        if head in ("*", "0.0.0.0"):
+            return f"tcp://127.0.0.1:{port}"
+        if head in ("::", "[::]"):
+            return f"tcp://[::1]:{port}"
+        return address
+
+    def exposed(self, address: str) -> bool:
+        """Whether binding `address` opens the feed beyond this machine."""
+        if not address.startswith("tcp://"):
+            return False
+        host = self.bind_address(address).removeprefix("tcp://").rpartition(":")[0]
+        return host not in ("127.0.0.1", "localhost", "[::1]", "::1")
 
     def for_rank(self, rank: int, step: int = 1) -> KVEventsConfig:
         """The config of data-parallel worker `rank`: tcp ports moved up by `rank * step`, ipc

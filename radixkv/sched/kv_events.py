@@ -54,12 +54,13 @@ class KVEventPublisher:
         self._replay: zmq.Socket | None = None
         try:
             self._pub.set_hwm(config.hwm)
-            self.endpoint = self._open(self._pub, config.endpoint, config.binds, "endpoint")
+            self.endpoint = self._open(self._pub, config, config.endpoint, config.binds, "endpoint")
             self.replay_endpoint = None
             if config.replay_endpoint is not None:
                 self._replay = self._ctx.socket(zmq.ROUTER)
                 self._replay.setsockopt(zmq.SNDHWM, config.buffer_steps + 2)  # a whole replay, never dropped
-                self.replay_endpoint = self._open(self._replay, config.replay_endpoint, True, "replay_endpoint")
+                self.replay_endpoint = self._open(self._replay, config, config.replay_endpoint, True,
+                                                  "replay_endpoint")
         except BaseException:
             self._close_sockets(linger=0)
             raise
@@ -73,12 +74,17 @@ class KVEventPublisher:
         self._thread.start()
 
     @staticmethod
-    def _open(sock: zmq.Socket, address: str, bind: bool, key: str) -> str:
-        """Bind or connect `sock`; the address it ended up on (a bound wildcard port resolved)."""
+    def _open(sock: zmq.Socket, config: KVEventsConfig, address: str, bind: bool, key: str) -> str:
+        """Bind (on loopback unless `config.expose`) or connect `sock`; the address it ended up
+        on (a bound wildcard port resolved). Binding beyond loopback is logged as a warning."""
         try:
             if not bind:
                 sock.connect(address)
                 return address
+            if config.exposed(address):
+                logger.warning("KV events: %s binds %s, beyond this machine: the feed carries every tenant's "
+                               "token ids and has no credential (docs: Security model)", key, address)
+            address = config.bind_address(address)
             sock.bind(address)
         except zmq.ZMQError as e:
             raise ConfigError(f"kv_events_config: {key}={address!r}: cannot "

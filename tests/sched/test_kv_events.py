@@ -167,6 +167,21 @@ def publisher():
         p.close()
 
 
+def test_a_wildcard_binds_loopback_unless_exposed_and_exposing_warns(publisher, caplog):
+    """Issue 41: `tcp://*` (the README's example) opened every tenant's token ids, and the
+    replay socket, to the network, with no credential."""
+    with caplog.at_level("WARNING"):
+        quiet = publisher()
+    assert quiet.endpoint.startswith("tcp://127.0.0.1:") and quiet.replay_endpoint.startswith("tcp://127.0.0.1:")
+    assert "beyond this machine" not in caplog.text
+    with caplog.at_level("WARNING"):
+        wide = publisher(expose=True)
+    assert wide.endpoint.startswith("tcp://0.0.0.0:") and "every tenant's token ids" in caplog.text
+    config = KVEventsConfig(endpoint="tcp://[::]:5557")
+    assert config.bind_address(config.endpoint) == "tcp://[::1]:5557" and not config.exposed(config.endpoint)
+    assert KVEventsConfig(endpoint="tcp://10.0.0.5:5557").exposed("tcp://10.0.0.5:5557")
+
+
 def test_batches_go_out_in_sequence_and_replay_resends_the_same_bytes(publisher):
     pub = publisher()
     info = pub.describe()
