@@ -8,7 +8,7 @@ choice). A principal is named by a digest of its key, never the key, so the name
 on every start whatever order the keys are given in (the disk tier's pages stay their owner's).
 
     namespace(principal, salt)  = None | "salt:<digest>"            one key or none, or shared
-                                = "<principal>" | "<principal>|salt:<digest>"   several keys
+                                = "principal:<digest>" | "principal:<digest>|salt:<digest>"  several keys
 
 A `cache_salt` is stored and shown only as its digest (`salt_namespace`). `owner(namespace)` is
 the principal a namespace belongs to ("" for the shared one); a viewer sees a namespace when it
@@ -26,12 +26,13 @@ SHARING = ("per-key", "all")
 """`--cache-sharing`: each key its own namespace (the default), or one tree for every key."""
 MAX_SALT_CHARS = 256
 SALT_PREFIX = "salt:"
+PRINCIPAL_PREFIX = "principal:"
 SEPARATOR = "|"
 
 
 def principal_of(key: str) -> str:
     """A principal's name from its API key: a digest, so neither logs nor namespaces hold a key."""
-    return "p" + hashlib.sha256(b"radixkv-principal\0" + key.encode()).hexdigest()[:20]
+    return PRINCIPAL_PREFIX + hashlib.sha256(b"radixkv-principal\0" + key.encode()).hexdigest()[:20]
 
 
 def salt_namespace(salt: Any) -> str | None:
@@ -53,8 +54,9 @@ def namespace(principal: str, salted: str | None) -> str | None:
 
 
 def owner(space: Any) -> str:
-    """The principal a namespace belongs to; "" for those every principal shares."""
-    if not isinstance(space, str) or space.startswith(SALT_PREFIX):
+    """The principal a namespace belongs to; "" for those every principal shares (None, a salt's,
+    or any other an in-process caller names, e.g. `Engine.generate(namespace=...)`)."""
+    if not isinstance(space, str) or not space.startswith(PRINCIPAL_PREFIX):
         return ""
     return space.split(SEPARATOR, 1)[0]
 
