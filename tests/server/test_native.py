@@ -76,6 +76,13 @@ def test_server_info_health_metrics_and_flush(server):
         assert c.get("/server_info").json()["kv_pool"]["free_tokens"] == 16384
 
 
+def test_an_unknown_rid_of_a_megabyte_is_not_echoed_back(server):
+    """Issue 41: /abort_request echoed a 1 MB rid whole in its 404."""
+    with server.client() as c:
+        r = c.post("/abort_request", json={"rid": "x" * (1 << 20)})
+    assert r.status_code == 404 and len(r.content) < 1024 and "1048576 characters" in r.text
+
+
 def test_abort_request_stops_a_stream(server):
     with server.client() as c, c.stream("POST", "/generate", json={
             "text": "Write a long story.", "rid": "to-abort", "stream": True,

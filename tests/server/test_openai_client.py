@@ -21,6 +21,16 @@ def test_models_lists_the_served_model(client):
     assert [m.id for m in client.models.list().data] == [MODEL]
 
 
+def test_models_retrieve_gets_the_served_model_and_404_for_another(client, server):
+    """Issue 41: `client.models.retrieve` was a 404 (OpenAI and SGLang serve it)."""
+    (listed,) = client.models.list().data
+    got = client.models.retrieve(listed.id)
+    assert got.id == listed.id and got.owned_by == "radixkv"
+    assert client.models.retrieve(server.info()["model_dir"]).id == listed.id  # by its directory too
+    with pytest.raises(openai.NotFoundError, match="does not exist"):
+        client.models.retrieve("gpt-4o")
+
+
 def test_chat_completion_and_its_stream_say_the_same(client):
     full = client.chat.completions.create(model=MODEL, messages=ask("What is the capital of France?"),
                                           max_tokens=16, temperature=0)

@@ -211,7 +211,8 @@ async def abort_request(request: Request):
     manager: TokenizerManager = request.app.state.manager
     body = await parse(request, AbortBody)
     if not manager.abort(body.rid, principal(request)):
-        raise HTTPError(404, f"no request {body.rid!r} in flight", "not_found")
+        shown = body.rid if len(body.rid) <= 80 else f"{body.rid[:80]}... ({len(body.rid)} characters)"
+        raise HTTPError(404, f"no request {shown!r} in flight", "not_found")
     return {"aborted": body.rid}
 
 

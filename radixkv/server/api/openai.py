@@ -25,7 +25,7 @@ from radixkv.retention import Retention
 from radixkv.sampling_params import LogprobParams, SamplingParams
 from radixkv.server.api.conversation import render_ids
 from radixkv.server.api.openai_logprobs import chat_logprobs, completion_logprobs
-from radixkv.server.api.pipeline import Generation, Result, Serving, Usage, with_call_grammar
+from radixkv.server.api.pipeline import Generation, Result, Serving, Usage, check_model, with_call_grammar
 from radixkv.server.api.protocol import (
     UNSUPPORTED_CHAT,
     UNSUPPORTED_COMPLETION,
@@ -217,12 +217,22 @@ class Completions(OpenAIServing):
         return completion_events(self.manager, self.jobs, owner, chunks, self.meta, include_usage(body))
 
 
+def model_card(request: Request) -> dict[str, Any]:
+    settings, manager = request.app.state.settings, request.app.state.manager
+    return {"id": settings.model_name, "object": "model", "created": 0, "owned_by": "radixkv",
+            "root": manager.info["model_dir"], "max_model_len": manager.limits.context_length}
+
+
 @router.get("/v1/models")
 async def models(request: Request):
-    settings, manager = request.app.state.settings, request.app.state.manager
-    return {"object": "list", "data": [{
-        "id": settings.model_name, "object": "model", "created": 0, "owned_by": "radixkv",
-        "root": manager.info["model_dir"], "max_model_len": manager.limits.context_length}]}
+    return {"object": "list", "data": [model_card(request)]}
+
+
+@router.get("/v1/models/{model_id:path}")
+async def model(request: Request, model_id: str):
+    """One model (`client.models.retrieve`): the served one, by its name or its directory."""
+    check_model(request, model_id)
+    return model_card(request)
 
 
 @router.post("/v1/chat/completions", openapi_extra=request_body(ChatCompletionBody))
