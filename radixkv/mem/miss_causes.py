@@ -27,7 +27,7 @@ from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import Any
 
 from radixkv.mem import block_hash
-from radixkv.mem.tree_hashes import node_hashes
+from radixkv.mem.tree_hashes import hash_before
 from radixkv.tenancy import owner
 
 CAUSES = ("device", "host", "storage", "page_tail", "evicted", "namespace", "retokenized", "new")
@@ -79,7 +79,7 @@ def explain(cache: Any, prompt: Sequence[int], namespace: Any, device: int, host
     at = served
     ghosts = cache.ghosts
     if ghosts is not None and len(ghosts):
-        prev = _hash_before(cache, key, at, namespace)
+        prev = hash_before(cache.tree, key, at, namespace, size)
         if prev is not None:
             whole = (len(key) - at) // size * size
             for h in block_hash.chain(prev, key[at:at + whole], size):
@@ -131,17 +131,6 @@ def _common_prefix(a: str, b: str) -> int:
             break
         n += 1
     return n
-
-
-def _hash_before(cache: Any, key: tuple, end: int, namespace: Any) -> bytes | None:
-    """The block hash of the page ending `end` tokens into `key` along the tree (the namespace's
-    root at 0); None if the tree does not hold that far."""
-    if end == 0:
-        return block_hash.root(namespace)
-    for child, n in cache.tree.walk(key[: end], namespace):
-        if child.depth < end <= child.depth + n:
-            return node_hashes(child, cache.page_size)[(end - child.depth) // cache.page_size - 1]
-    return None
 
 
 def _other_namespace(cache: Any, key: tuple, namespace: Any) -> int:

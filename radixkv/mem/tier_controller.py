@@ -219,7 +219,7 @@ class TierController:
         """Remove a host-only leaf from the tree and the host tier (written back to storage first)."""
         assert not node.on_device and not node.children
         cache, storage = self.cache, self.storage
-        keys = self.keys.of(node)
+        keys = self.keys.of(node) if storage is not None or cache.ghosts is not None else None  # (hashed once asked)
         if storage is not None and not storage.config.write_through and storage.needs(keys):
             storage.write(keys, self.host.rows(node.host_pages))
         if cache.ghosts is not None and (storage is None or storage.needs(keys)):  # (not kept below either)

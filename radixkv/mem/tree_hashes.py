@@ -36,6 +36,17 @@ def parent_hash(node: TreeNode, page_size: int) -> bytes | None:
     return None if parent.parent is None else node_hashes(parent, page_size)[-1]
 
 
+def hash_before(tree: RadixTree, key: tuple, end: int, namespace: Namespace, page_size: int) -> bytes | None:
+    """The hash of the page that ends `end` tokens into `key` (the namespace's root at 0), from
+    the tree's path; None if the tree does not hold that far."""
+    if end == 0:
+        return block_hash.root(namespace)
+    for child, n in tree.walk(key[:end], namespace):
+        if child.depth < end <= child.depth + n:
+            return node_hashes(child, page_size)[(end - child.depth) // page_size - 1]
+    return None
+
+
 class TreeHashes:
     """The block hashes of a tree's pages and of a key's pages along it."""
 
@@ -46,14 +57,7 @@ class TreeHashes:
         return node_hashes(node, self.page_size)
 
     def before(self, tree: RadixTree, key: tuple, end: int, namespace: Namespace) -> bytes | None:
-        """The hash of the page that ends `end` tokens into `key` (the namespace's root at 0),
-        from the tree's path; None if the tree does not hold that far."""
-        if end == 0:
-            return block_hash.root(namespace)
-        for child, n in tree.walk(key[:end], namespace):
-            if child.depth < end <= child.depth + n:
-                return self.of(child)[(end - child.depth) // self.page_size - 1]
-        return None
+        return hash_before(tree, key, end, namespace, self.page_size)
 
     def chain(self, tree: RadixTree, key: Sequence[int], start: int, namespace: Namespace = None) -> Iterator[bytes]:
         """The hashes of `key`'s whole pages from token `start` on (a page boundary the tree
