@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from radixkv.errors import InvalidRequestError
+from radixkv.json_text import check_depth, loads_bounded
 
 GRAMMAR_FIELDS = ("regex", "json_schema", "ebnf")
 MAX_GRAMMAR_CHARS = 1 << 18
@@ -56,13 +57,51 @@ def grammar_error_reason(e: Exception) -> str:
     return re.sub(r"^\[[\d:]+\] [^ ]+:\d+: ", "", text)
 
 
+UNHONOURED_KEYWORDS = ("not", "if", "then", "else", "uniqueItems", "contains", "minContains", "maxContains",
+                       "dependentRequired", "dependentSchemas", "dependencies", "$dynamicRef", "$recursiveRef")
+"""JSON schema keywords the grammar compiler (xgrammar) accepts but does not enforce: a schema
+using one is refused, naming it, rather than served an output that breaks it (`allOf` too,
+with more than one schema)."""
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions")  # name -> schema
+_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SCHEMAS = ("items", "additionalProperties", "unevaluatedProperties", "propertyNames", "additionalItems")
+
+
+def check_schema_keywords(schema: Any, where: str) -> None:
+    """`InvalidRequestError` naming the path of the first keyword constrained decoding would not
+    honour (`UNHONOURED_KEYWORDS`, a several-schema `allOf`) in `schema` and its subschemas."""
+    stack = [(schema, where)]
+    while stack:
+        node, path = stack.pop()
+        if not isinstance(node, dict):
+            continue
+        for key in UNHONOURED_KEYWORDS:
+            if key in node:
+                raise InvalidRequestError(f"{path}.{key}: the JSON schema keyword {key!r} is not supported here "
+                                          f"(constrained decoding would not enforce it); remove it")
+        if isinstance(node.get("allOf"), list) and len(node["allOf"]) > 1:
+            raise InvalidRequestError(f"{path}.allOf: an allOf of {len(node['allOf'])} schemas is not supported "
+                                      f"here (constrained decoding would not enforce it); merge them into one")
+        for key in _SCHEMA_MAPS:
+            if isinstance(node.get(key), dict):
+                stack.extend((v, f"{path}.{key}.{name}") for name, v in node[key].items())
+        for key in _SCHEMA_LISTS:
+            if isinstance(node.get(key), list):
+                stack.extend((v, f"{path}.{key}[{i}]") for i, v in enumerate(node[key]))
+        for key in _SCHEMAS:
+            if isinstance(node.get(key), list):
+                stack.extend((v, f"{path}.{key}[{i}]") for i, v in enumerate(node[key]))
+            elif key in node:
+                stack.append((node[key], f"{path}.{key}"))
+
+
 def normalise_json_schema(value: Any) -> str:
     """A schema given as a dict or JSON text, as compact JSON text (the cache key)."""
     if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as e:
-            raise InvalidRequestError(f"sampling_params.json_schema: not valid JSON: {e}") from None
+        value = loads_bounded(value, "sampling_params.json_schema")
+    else:
+        check_depth(value, "sampling_params.json_schema")
     if not isinstance(value, (dict, bool)):
         raise InvalidRequestError("sampling_params.json_schema: must be a JSON object (a schema)")
+    check_schema_keywords(value, "sampling_params.json_schema")
     return json.dumps(value, separators=(",", ":"))  # key order kept: it orders the output

@@ -14,7 +14,7 @@ MAX_TOP_LOGPROBS = 20
 MAX_STOP_REGEX_CHARS = 4096
 ALIASES = {"sampling_seed": "seed"}  # SGLang's names for ours
 HINTS = ("stream_interval",)  # SGLang's: how often a stream sends (here: every step's tokens); no effect on output
-SEED_MIN, SEED_MAX = -(1 << 63), (1 << 64) - 1  # what a torch generator takes
+SEED_MIN, SEED_MAX = 0, (1 << 64) - 1  # what a torch generator takes (OpenAI, vLLM: a non-negative seed)
 
 
 def shown(value: Any, limit: int = 80) -> str:
@@ -93,7 +93,7 @@ class SamplingParams:
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
             raise bad("seed", "must be an integer or None")
         if self.seed is not None and not SEED_MIN <= self.seed <= SEED_MAX:
-            raise bad("seed", f"must fit in 64 bits: [{SEED_MIN}, {SEED_MAX}]")
+            raise bad("seed", f"must be in [{SEED_MIN}, {SEED_MAX}] (a non-negative 64-bit integer)")
         if not all(isinstance(s, str) and s for s in self.stop):
             raise bad("stop", "must be non-empty strings")
         if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in self.stop_token_ids):
@@ -228,6 +228,9 @@ class LogprobParams:
             if isinstance(v, bool) or not isinstance(v, int):
                 raise InvalidRequestError(f"{'logprob_start_len' if name == 'start' else 'top_logprobs_num'}="
                                           f"{v!r}: must be an integer")
+        if self.start < -1:
+            raise InvalidRequestError(f"logprob_start_len={self.start}: must be -1 (no prompt log-probs) or a "
+                                      f"prompt position >= 0")
         if not 0 <= self.top_n <= MAX_TOP_LOGPROBS:
             raise InvalidRequestError(f"top_logprobs_num={self.top_n}: must be in [0, {MAX_TOP_LOGPROBS}]")
         if (self.start >= 0 or self.top_n) and not self.return_logprob:

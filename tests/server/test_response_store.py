@@ -55,3 +55,24 @@ def test_a_store_of_size_zero_keeps_nothing_and_bad_bounds_are_refused():
         ResponseStore(max_responses=-1)
     with pytest.raises(ConfigError, match="--responses-store-ttl"):
         ResponseStore(max_age=0)
+
+
+def big(n: int, chars: int) -> StoredResponse:
+    return StoredResponse({"id": f"resp_{n}", "metadata": {"k": "v" * chars}}, None, None,
+                          [{"role": "user", "content": "x"}], {"role": "assistant", "content": "y"}, [1] * 100, [3])
+
+
+def test_the_store_is_bounded_by_bytes_oldest_first():
+    """Found from outside: 250 responses carrying 1.9 MB each grew the HTTP process by 380 MB (the
+    store was bounded by count only: ~8 GB at the defaults)."""
+    one = big(0, 100_000).nbytes
+    assert one >= 300_000  # the JSON text, and Python's overhead over it
+    store = ResponseStore(max_responses=1000, max_bytes=5 * one + 1000)  # (ids grow a digit)
+    for n in range(20):
+        assert store.put("k", f"resp_{n}", big(n, 100_000))
+        assert store.nbytes <= 5 * one + 1000
+    assert len(store) == 5 and store.get("k", "resp_0") is None and store.get("k", "resp_19") is not None
+    assert not store.put("k", "huge", big(99, 2_000_000))  # larger than the whole budget: not kept
+    assert store.get("k", "huge") is None and len(store) == 5
+    store.delete("k", "resp_19")
+    assert store.nbytes == sum(s for _, s in store._items.values())

@@ -218,6 +218,7 @@ def conversation_of(body: PromptFields) -> Conversation:
                 seconds = cache_seconds(block["cache_control"], f"system[{j}].cache_control")
                 marks.append(([{"role": "system", "content": BLOCK_JOIN.join(texts)}], seconds))
         messages = [{"role": "system", "content": BLOCK_JOIN.join(texts)}]
+    call_ids: set[str] = set()  # the tool_use ids so far: a tool_result answers one of them
     for i, message in enumerate(body.messages):
         where = f"messages[{i}].content"
         if isinstance(message.content, str):
@@ -226,6 +227,11 @@ def conversation_of(body: PromptFields) -> Conversation:
         if not message.content:
             raise InvalidRequestError(f"{where}: must hold at least one block")
         blocks = [check_block(b, message.role, f"{where}[{j}]") for j, b in enumerate(message.content)]
+        for j, block in enumerate(blocks):
+            if block["type"] == "tool_result" and block["tool_use_id"] not in call_ids:
+                raise InvalidRequestError(f"{where}[{j}].tool_use_id={block['tool_use_id'][:80]!r}: no tool_use "
+                                          f"block before it has this id (a tool_result answers a tool_use)")
+        call_ids.update(b["id"] for b in blocks if b["type"] == "tool_use")
         for j, block in enumerate(blocks):
             if "cache_control" in block:
                 seconds = cache_seconds(block["cache_control"], f"{where}[{j}].cache_control")

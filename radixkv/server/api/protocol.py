@@ -18,7 +18,10 @@ from radixkv.tenancy import salt_namespace
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=False)
+    """A body or part of one: an unknown field is an error naming it, and a value must have its
+    field's JSON type (`true` is not the integer 1, `"3"` is not 3)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class GenerateBody(Strict):
@@ -161,7 +164,11 @@ class ChatMessage(Strict):
         return "".join(part.text for part in self.content)
 
     def template_message(self, where: str = "message") -> dict[str, Any]:
-        """As a chat template takes it (OpenAI's `developer` role is a system message)."""
+        """As a chat template takes it (OpenAI's `developer` role is a system message). Only an
+        assistant message that calls tools may leave out its content (OpenAI's rule)."""
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise InvalidRequestError(f"{where}.content: required in a {self.role} message (null only in an "
+                                      f"assistant message with tool_calls)")
         message: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role, "content": self.text()}
         if self.name is not None:
             message["name"] = self.name
@@ -179,14 +186,29 @@ class ChatMessage(Strict):
         return message
 
 
+METADATA_KEYS, METADATA_KEY_CHARS, METADATA_VALUE_CHARS = 16, 64, 512
+"""OpenAI's limits on `metadata`: 16 pairs, keys up to 64 characters, values up to 512."""
+
+
+def check_metadata(metadata: dict[str, str] | None, where: str = "metadata") -> None:
+    """400 naming `where` when `metadata` is past OpenAI's limits (what a stored response keeps)."""
+    if metadata is None:
+        return
+    if len(metadata) > METADATA_KEYS:
+        raise InvalidRequestError(f"{where}: {len(metadata)} keys, at most {METADATA_KEYS}")
+    for key, value in metadata.items():
+        if len(key) > METADATA_KEY_CHARS:
+            raise InvalidRequestError(f"{where}: the key {key[:METADATA_KEY_CHARS]!r}... is {len(key)} characters, "
+                                      f"at most {METADATA_KEY_CHARS}")
+        if len(value) > METADATA_VALUE_CHARS:
+            raise InvalidRequestError(f"{where}.{key}: {len(value)} characters, at most {METADATA_VALUE_CHARS}")
+
+
 def json_arguments(text: str, where: str) -> dict[str, Any]:
     """A call's arguments (JSON text of an object) as a dict; 400 naming `where` otherwise."""
-    import json
+    from radixkv.json_text import loads_bounded
 
-    try:
-        value = json.loads(text)
-    except ValueError as e:
-        raise InvalidRequestError(f"{where}: not JSON: {e}") from None
+    value = loads_bounded(text, where)
     if not isinstance(value, dict):
         raise InvalidRequestError(f"{where}: must be a JSON object")
     return value

@@ -23,6 +23,7 @@ from radixkv.retention import Retention
 from radixkv.sampling_params import SEED_MAX, SEED_MIN
 from radixkv.server.api.protocol import (
     Strict,
+    check_metadata,
     json_arguments,
     refuse_if_on,
     response_format_schema,
@@ -80,6 +81,7 @@ class ResponsesBody(Strict):
 
     def refuse_features_it_lacks(self) -> None:
         refuse_if_on(self, ("background", "conversation", "top_logprobs", "max_tool_calls", "prompt", "include"))
+        check_metadata(self.metadata)
         if self.reasoning and any(v is not None for v in self.reasoning.values()):
             raise InvalidRequestError(f"reasoning={self.reasoning!r}: this server runs no reasoning models "
                                       f"(accepted only empty or null)")
