@@ -75,6 +75,11 @@ class ServiceUnavailable(EngineError):
     elsewhere (HTTP 503)."""
 
 
+class Overloaded(ServiceUnavailable):
+    """The server holds as many requests as it takes (`--max-queued-requests`): retry later
+    (HTTP 429)."""
+
+
 class ErrorKind(enum.StrEnum):
     """Why a request ended without a result, as the core reports it. Each front maps a kind to
     its own terms: the Engine raises the error class below, the server answers an HTTP status

@@ -9,6 +9,7 @@ from typing import Any
 
 from radixkv.config.fields import opt
 from radixkv.errors import ConfigError
+from radixkv.kv_bytes import parse_size
 from radixkv.tenancy import SHARING
 
 ROUTERS = ("embedded", "sglang")
@@ -56,8 +57,19 @@ class ServerConfig:
               "none (default: %(default)s)", metavar="N")
     responses_store_ttl: float = _flag(3600.0, "Responses API: forget a stored response this long after it "
                                      "was made (default: %(default)s)", metavar="SECONDS")
+    responses_store_memory: str = _flag(
+        "256MiB", "Responses API: the stored responses take at most this much memory of the HTTP process "
+                  "(their JSON, conversations and token ids, estimated); the oldest go first (default: %(default)s)",
+        metavar="SIZE")
+    max_queued_requests: int = _flag(
+        4096, "the most requests this server holds at once (each prompt of a batch and each sample of n "
+              "counts); a body that needs more is refused whole with HTTP 400, one that does not fit beside "
+              "those in flight with HTTP 429 (default: %(default)s)", metavar="N")
     dp: int = _flag(1, "data parallelism: start this many workers (on ports PORT+1 .. PORT+N, each with these "
                   "engine flags) behind a cache-aware router on PORT (default: 1, no router)")
+    dp_max_restarts: int = _flag(3, "with --dp N, start a worker that failed (killed, or its scheduler died) "
+                                 "again at most this many times; once every worker has exited, the command "
+                                 "exits 1 (default: %(default)s)", metavar="N")
     router: str = _flag("embedded", "with --dp N, the router in front of the workers: embedded (radixkv's own, "
                       "cache-aware, no extra dependency) or sglang (SGLang's Rust router, "
                       "`pip install 'radixkv[router]'`, policy cache_aware; the embedded one is used, with a "
@@ -84,12 +96,22 @@ class ServerConfig:
         check(self.responses_store_size >= 0,
               f"--responses-store-size={self.responses_store_size}: must be >= 0 (0 stores nothing)")
         check(self.responses_store_ttl > 0, f"--responses-store-ttl={self.responses_store_ttl}: must be > 0 seconds")
+        try:
+            memory = parse_size(str(self.responses_store_memory))
+        except ConfigError:
+            memory = -1
+        check(memory >= 0, f"--responses-store-memory={self.responses_store_memory!r}: give bytes with a unit "
+                           f"(e.g. 256MiB, 1GB)")
+        check(isinstance(self.max_queued_requests, int) and 1 <= self.max_queued_requests <= 1 << 20,
+              f"--max-queued-requests {self.max_queued_requests}: must be in 1..{1 << 20}")
         check(isinstance(self.dp, int) and 1 <= self.dp <= MAX_DP, f"--dp {self.dp}: must be in 1..{MAX_DP}")
         check(self.dp == 1 or len(self.api_keys) <= 1, "--dp takes one --api-key (the router's clients share it)")
         check(self.dp == 1 or self.admin_key is None, "--admin-key: not with --dp (the router's clients share one key)")
         check(self.dp == 1 or self.port + self.dp < 65536,
               f"--port {self.port}: PORT..PORT+{self.dp} must be valid ports")
         check(self.router in ROUTERS, f"--router {self.router}: must be one of {list(ROUTERS)}")
+        check(isinstance(self.dp_max_restarts, int) and 0 <= self.dp_max_restarts <= 1000,
+              f"--dp-max-restarts {self.dp_max_restarts}: must be in 0..1000")
         check(self.router == "embedded" or self.dp > 1,
               "--router chooses the router in front of --dp N workers; give --dp 2 or more")
 

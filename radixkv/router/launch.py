@@ -13,6 +13,7 @@ from radixkv.errors import RadixKVError
 from radixkv.logs import setup_logging
 from radixkv.procs import orphanless
 from radixkv.router.app import create_router_app
+from radixkv.router.supervisor import Supervisor
 from radixkv.router.workers import RouterSettings
 
 
@@ -72,7 +73,7 @@ def _worker_argv(argv: list[str], port: int, kv_events: str | None = None, rank:
             own = False
             continue
         name, eq, value = a.partition("=")
-        if name in ("--dp", "--port", "--host", "--router", "--kv-events-config"):
+        if name in ("--dp", "--port", "--host", "--router", "--kv-events-config", "--dp-max-restarts"):
             skip = not eq
             continue
         if name in PER_WORKER_FILES:
@@ -169,6 +170,8 @@ def serve_data_parallel(args: argparse.Namespace) -> int:
         return 2
     procs: list[subprocess.Popen] = []
     ready = [threading.Event() for _ in range(args.dp)]
+    supervisor: Supervisor | None = None
+    router: subprocess.Popen | None = None
 
     def relay(i: int, proc: subprocess.Popen) -> None:
         for line in proc.stdout:
@@ -177,12 +180,28 @@ def serve_data_parallel(args: argparse.Namespace) -> int:
             else:
                 sys.stderr.write(f"[worker {i}] {line}")
 
+    def start_worker(i: int) -> subprocess.Popen:
+        cmd = _worker_argv(args.argv, args.port + 1 + i, kv_events[i], rank=i)
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        threading.Thread(target=relay, args=(i, proc), daemon=True).start()
+        return proc
+
+    def all_dead() -> None:  # the router stops as on SIGTERM; the command exits 1
+        if router is not None:
+            router.terminate()
+        else:
+            os.kill(os.getpid(), signal.SIGTERM)
+
     def stop_all() -> None:
-        for p in procs:
+        if supervisor is not None:
+            supervisor.stop()
+        everyone = ([router] if router is not None else []) + procs  # the router first
+        for p in everyone:
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + 30
-        for p in procs:
+        for p in everyone:
             try:
                 p.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
@@ -195,11 +214,7 @@ def serve_data_parallel(args: argparse.Namespace) -> int:
     previous = signal.signal(signal.SIGTERM, interrupt)  # while workers load; uvicorn takes over after
     try:
         for i in range(args.dp):
-            cmd = _worker_argv(args.argv, args.port + 1 + i, kv_events[i], rank=i)
-            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                    env={**os.environ, "PYTHONUNBUFFERED": "1"})
-            procs.append(proc)
-            threading.Thread(target=relay, args=(i, proc), daemon=True).start()
+            procs.append(start_worker(i))
         deadline = time.monotonic() + WORKER_READY_TIMEOUT
         for i, proc in enumerate(procs):
             while not ready[i].wait(0.2):
@@ -209,6 +224,7 @@ def serve_data_parallel(args: argparse.Namespace) -> int:
                     return 1
         workers = [f"http://127.0.0.1:{args.port + 1 + i}" for i in range(args.dp)]
         key = keys[0] if keys else None
+        supervisor = Supervisor(procs, start_worker, all_dead, max_restarts=args.dp_max_restarts)
         if args.router == "sglang" and not sglang_router_installed():
             logging.getLogger(__name__).warning(
                 "--router sglang: sglang-router is not installed (pip install 'radixkv[router]'); "
@@ -216,7 +232,6 @@ def serve_data_parallel(args: argparse.Namespace) -> int:
         elif args.router == "sglang":
             router = subprocess.Popen(sglang_router_argv(workers, args.host, args.port, key, args.log_level),
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-            procs.insert(0, router)  # stopped first
             threading.Thread(target=lambda: [sys.stderr.write(f"[sglang-router] {line}") for line in router.stdout],
                              daemon=True).start()
             url = f"http://{args.host}:{args.port}"
@@ -226,9 +241,13 @@ def serve_data_parallel(args: argparse.Namespace) -> int:
                       file=sys.stderr)
                 return 1
             print(f"radixkv ready: {url} (sglang-router, cache_aware, over {args.dp} workers)", flush=True)
-            return router.wait()
-        return serve_router(RouterConfig(worker=tuple(workers), host=args.host, port=args.port, api_key=key,
+            supervisor.begin()
+            code = router.wait()
+            return 1 if supervisor.all_dead else code
+        supervisor.begin()
+        code = serve_router(RouterConfig(worker=tuple(workers), host=args.host, port=args.port, api_key=key,
                                          log_level=args.log_level))
+        return 1 if supervisor.all_dead else code
     except KeyboardInterrupt:
         return 0
     finally:

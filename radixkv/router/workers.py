@@ -199,7 +199,8 @@ class Router:
                         await upstream.aclose()
                         raise httpx.HTTPStatusError(f"{upstream.status_code} from worker", request=req,
                                                     response=upstream)
-                    return StreamingResponse(self._relay(i, upstream, rids, learn), status_code=upstream.status_code,
+                    return StreamingResponse(self._relay(i, upstream, rids, path, learn),
+                                             status_code=upstream.status_code,
                                              media_type=upstream.headers.get("content-type", "text/event-stream"))
                 try:
                     r = await self.client.post(f"{w.url}{path}", json=body)
@@ -293,7 +294,7 @@ class Router:
                 return answer
         return answer or error_response(503, "no healthy worker", "service_unavailable")
 
-    async def _relay(self, i: int, upstream: httpx.Response, rids: list[str],
+    async def _relay(self, i: int, upstream: httpx.Response, rids: list[str], path: str,
                      learn: bool = False) -> AsyncIterator[bytes]:
         w = self.workers[i]
         head = b""
@@ -305,9 +306,7 @@ class Router:
                 yield chunk
         except httpx.HTTPError as e:  # bytes already went out: end the stream with an error
             self._take_out(i, f"{type(e).__name__}: {e}")
-            err = {"error": {"message": f"worker {w.url} failed mid-stream: {type(e).__name__}",
-                             "type": "worker_failed", "code": 502}}
-            yield f"data: {json.dumps(err)}\n\n".encode()
+            yield stream_failure(path, f"worker {w.url} failed mid-stream: {type(e).__name__}")
         finally:
             w.inflight -= 1
             self._untrack(rids, i)
@@ -327,6 +326,24 @@ class Router:
                 "decisions": dict(getattr(self.policy, "decisions", {})),
                 "workers": [{"url": w.url, "healthy": w.healthy, "inflight": w.inflight, "routed": w.routed,
                              "failures": w.failures, "last_error": w.last_error} for w in self.workers]}
+
+
+DONE_PATHS = ("/generate", "/v1/chat/completions", "/v1/completions")
+"""The APIs whose streams end with `data: [DONE]` (a single server's do, after an error too)."""
+
+
+def stream_failure(path: str, message: str) -> bytes:
+    """The end of a stream whose worker failed after bytes went out: the API's error event
+    (Anthropic's and the Responses API's are named), then `[DONE]` where the API ends with it."""
+    if path == "/v1/messages":
+        body = {"type": "error", "error": {"type": "api_error", "message": message}}
+        return f"event: error\ndata: {json.dumps(body)}\n\n".encode()
+    if path == "/v1/responses":
+        body = {"type": "error", "code": "server_error", "message": message, "param": None}
+        return f"event: error\ndata: {json.dumps(body)}\n\n".encode()
+    err = {"error": {"message": message, "type": "worker_failed", "code": 502}}
+    done = "data: [DONE]\n\n" if path in DONE_PATHS else ""
+    return f"data: {json.dumps(err)}\n\n{done}".encode()
 
 
 def client_rids(body: dict[str, Any]) -> list[str]:

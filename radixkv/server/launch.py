@@ -118,7 +118,8 @@ async def _serve(config: EngineConfig, host: str, port: int, settings) -> int:
         # fails at once must find it), then the children: their imports and the model load
         # overlap this process's own (the HTTP stack, the tokenizer).
         metrics = ServerMetrics()
-        manager = TokenizerManager(None, endpoints, on_finished=metrics.observe_finished)
+        manager = TokenizerManager(None, endpoints, on_finished=metrics.observe_finished,
+                                   max_queued=settings.max_queued_requests)
         children.start()
         import uvicorn
 
@@ -133,6 +134,7 @@ async def _serve(config: EngineConfig, host: str, port: int, settings) -> int:
             return info
         app = create_app(manager, settings, metrics, APIS)
         app.state.child_pids = {name: proc.pid for name, proc in children.procs.items()}
+        app.state.child_died = children.dead
         app.state.ipc_directory = endpoints.directory
         server = QuietServer(uvicorn.Config(app, host=host, port=port, log_level=config.telemetry.log_level,
                                             access_log=config.telemetry.log_level == "debug", lifespan="off",
@@ -167,6 +169,7 @@ def serve(config: EngineConfig, server: ServerConfig) -> int:
     """Run the server until SIGTERM (drains) or SIGINT; returns the process exit code. Both
     configs validated themselves (each check names the flag at fault); the address is checked
     free here, before anything loads."""
+    from radixkv.kv_bytes import parse_size
     from radixkv.logs import setup_logging
     from radixkv.model.model_dir import resolve_model_dir
     from radixkv.procs import exit_now, quiet_compute_threads
@@ -183,7 +186,8 @@ def serve(config: EngineConfig, server: ServerConfig) -> int:
     config = config.with_options(model=str(model_dir))
     settings = ServerSettings(name, server.api_keys, server.admin_key, server.cache_sharing,
                               server.max_body_bytes or DEFAULT_MAX_BODY_BYTES, server.shutdown_timeout,
-                              server.responses_store_size, server.responses_store_ttl)
+                              server.responses_store_size, server.responses_store_ttl,
+                              parse_size(server.responses_store_memory), server.max_queued_requests)
     quiet_compute_threads()  # the HTTP process only tokenizes and routes; children set their own
     if "torch" in sys.modules:  # (the tokenizer may bring it in later; quiet_compute_threads covers that)
         sys.modules["torch"].set_num_threads(1)

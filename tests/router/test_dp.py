@@ -64,3 +64,83 @@ def test_each_worker_records_its_own_trace():
 def test_router_without_dp_is_refused(run_cli):
     out = run_cli("serve", "--router", "sglang")
     assert out.returncode == 2 and "--dp" in out.stderr
+
+
+def dp_workers(server) -> dict[int, psutil.Process]:
+    """The command's worker processes by port."""
+    out = {}
+    for child in psutil.Process(server.proc.pid).children():
+        try:
+            cmd = child.cmdline()
+        except psutil.Error:  # a worker that died and is not reaped yet
+            continue
+        if "--port" in cmd:
+            out[int(cmd[cmd.index("--port") + 1])] = child
+    return out
+
+
+@pytest.mark.slow  # two workers, one started again (about 60 s)
+def test_a_killed_worker_ends_its_stream_with_done_and_is_started_again(tmp_path_factory):
+    """Found from outside: a worker killed mid-stream ended its streams with an error event but no
+    `[DONE]` (a single server sends it), and dead workers were neither restarted nor the command
+    stopped."""
+    import threading
+
+    from tests.tiny_models import tiny_chat_model_dir
+
+    model = tiny_chat_model_dir(tmp_path_factory)
+    server = start_server("--dp", "2", "--model", str(model), "--max-total-tokens", "2048")
+    try:
+        workers = dp_workers(server)
+        assert len(workers) == 2
+        lines: list[str] = []
+        with server.client() as c:
+            model_name = c.get("/v1/models").json()["data"][0]["id"]
+
+        def stream_named() -> None:
+            with server.client() as c, c.stream("POST", "/v1/completions", json={
+                    "model": model_name, "prompt": "Once", "max_tokens": 500, "ignore_eos": True,
+                    "stream": True}) as r:
+                lines.extend(line for line in r.iter_lines() if line.startswith("data: "))
+
+        reader = threading.Thread(target=stream_named)
+        reader.start()
+        deadline = time.monotonic() + 30
+        busy = None
+        while busy is None and time.monotonic() < deadline:
+            with server.client() as c:
+                router = c.get("/server_info").json()["router"]
+            busy = next((w for w in router["workers"] if w["inflight"]), None)
+            time.sleep(0.05)
+        assert busy is not None, "the stream never reached a worker"
+        port = int(busy["url"].rsplit(":", 1)[1])
+        victim = workers[port]
+        victim.kill()
+        reader.join(60)
+        assert len(lines) >= 2 and lines[-1] == "data: [DONE]" and '"error"' in lines[-2], lines[-3:]
+        deadline = time.monotonic() + 120
+        while True:  # started again on its port, and served again
+            again = dp_workers(server).get(port)
+            if again is not None and again.pid != victim.pid:
+                with server.client() as c:
+                    router = c.get("/server_info").json()["router"]
+                if all(w["healthy"] for w in router["workers"]):
+                    break
+            assert time.monotonic() < deadline, "the killed worker was not started again"
+            time.sleep(0.5)
+        with server.client() as c:
+            r = c.post("/generate", json={"text": "Hello", "sampling_params": {"max_new_tokens": 2}})
+        assert r.status_code == 200
+    finally:
+        assert stop_server(server) == 0
+
+
+@pytest.mark.slow  # two workers (about 30 s)
+def test_with_every_worker_gone_for_good_the_command_exits_1(tmp_path_factory):
+    from tests.tiny_models import tiny_chat_model_dir
+
+    model = tiny_chat_model_dir(tmp_path_factory)
+    server = start_server("--dp", "2", "--model", str(model), "--max-total-tokens", "2048", "--dp-max-restarts", "0")
+    for worker in dp_workers(server).values():
+        worker.kill()
+    assert server.proc.wait(60) == 1

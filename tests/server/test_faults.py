@@ -13,8 +13,8 @@ from tests.server_helpers import start_server, stop_server, wait_ready
 
 @pytest.fixture(scope="module")
 def servers():
-    """Two servers for the two tests, loading at the same time (each test ends its own)."""
-    started = [start_server(api_key=None, wait=False) for _ in range(2)]
+    """Three servers for the three tests, loading at the same time (each test ends its own)."""
+    started = [start_server(api_key=None, wait=False) for _ in range(3)]
     yield [wait_ready(s) for s in started]
     for s in started:
         if s.proc.poll() is None:
@@ -46,12 +46,27 @@ def test_sigterm_stops_every_process_and_removes_the_sockets(servers):
     assert not os.path.exists(info["ipc_directory"])
 
 
-def test_killing_the_scheduler_answers_503_or_exits_never_hangs(servers):
-    server = servers[1]
-    scheduler = server.info()["processes"]["scheduler"]
+@pytest.mark.parametrize("child", ["scheduler", "detokenizer"])
+def test_killing_a_child_answers_503_or_exits_never_hangs(servers, child):
+    server = servers[1 if child == "scheduler" else 2]
+    ipc = server.info()["ipc_directory"]
+    victim = server.info()["processes"][child]
     kids = children_of(server.proc.pid)
     with httpx.Client(base_url=server.url, timeout=30) as c:
-        os.kill(scheduler, signal.SIGKILL)
+        os.kill(victim, signal.SIGKILL)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:  # dead: a zombie until its parent reaps it
+            try:
+                if psutil.Process(victim).status() == psutil.STATUS_ZOMBIE:
+                    break
+            except psutil.NoSuchProcess:
+                break
+            time.sleep(0.005)
+        # found from outside: /health said 200 for ~0.6 s after the scheduler died (until the watcher looked)
+        try:
+            assert c.get("/health").status_code == 503
+        except httpx.TransportError:  # it exited already: no 200 either
+            assert server.proc.wait(5) is not None
         deadline = time.monotonic() + 20
         statuses = set()
         while time.monotonic() < deadline and server.proc.poll() is None:
@@ -65,3 +80,4 @@ def test_killing_the_scheduler_answers_503_or_exits_never_hangs(servers):
     assert code != 0  # a dead child is a failure
     assert statuses <= {200, 503}  # before the watchdog noticed, or after: never a hang
     assert still_running(kids) == []
+    assert not os.path.exists(ipc)  # no socket left

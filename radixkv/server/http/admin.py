@@ -25,6 +25,9 @@ async def health(request: Request):
     """200 while every process is up and the server takes requests, else 503 (a router takes
     it out)."""
     manager: TokenizerManager = request.app.state.manager
+    child_died = getattr(request.app.state, "child_died", None)  # asked now, not at the watcher's next look
+    if manager.dead is None and child_died is not None and (why := child_died()):
+        manager.fail_all(why)
     reason = manager.dead or manager.draining
     if reason is not None:
         return error_response(503, reason, "service_unavailable")

@@ -8,9 +8,11 @@ Every error is `{"error": {"message", "type", "code"}}` with a 4xx/5xx status.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import re
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -18,7 +20,8 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 
-from radixkv.errors import ErrorKind, RadixKVError, kind_of_error
+from radixkv.errors import ErrorKind, Overloaded, RadixKVError, kind_of_error
+from radixkv.json_text import check_depth
 
 DEFAULT_MAX_BODY_BYTES = 8 << 20
 DEFAULT_SHUTDOWN_TIMEOUT = 30.0
@@ -40,6 +43,8 @@ class ServerSettings:
     shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT  # seconds a SIGTERM waits for requests in flight
     responses_store_size: int = 1024  # stored Responses API responses (previous_response_id), at most
     responses_store_ttl: float = 3600.0  # seconds a stored response is kept
+    responses_store_bytes: int = 256 << 20  # the stored responses' memory, estimated, at most
+    max_queued_requests: int = 4096  # requests held at once (TokenizerManager.admit)
 
 
 class HTTPError(RadixKVError):
@@ -68,6 +73,8 @@ def error_of(e: BaseException) -> tuple[int, str, str]:
         return e.status, str(e), e.kind
     if isinstance(e, ValidationError):
         return 400, validation_message(e), "invalid_request_error"
+    if isinstance(e, Overloaded):
+        return 429, str(e), "rate_limit_error"
     if isinstance(e, RadixKVError):
         kind = kind_of_error(e)
         return STATUS_OF[kind], str(e), TYPE_OF[kind]
@@ -117,6 +124,7 @@ async def json_body(request: Request) -> dict[str, Any]:
         raise HTTPError(400, f"malformed JSON body: {e}") from None
     if not isinstance(data, dict):
         raise HTTPError(400, f"the body must be a JSON object, got {type(data).__name__}")
+    check_depth(data, "")  # what walks it later (templates, schema compilers) recurses per level
     if _SURROGATE_ESCAPE.search(text):  # only then can a string hold a lone surrogate
         _check_unicode(data, "")
     return data
@@ -179,6 +187,17 @@ def cache_owner(request: Request) -> str:
 def viewer(request: Request) -> str | None:
     """Whose cached nodes the asker may see (`radixkv.tenancy.visible`): None for all."""
     return None if is_admin(request) else cache_owner(request)
+
+
+# -- work off the event loop -----------------------------------------------------------------------
+_WORKERS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="radixkv-http-work")
+
+
+async def off_loop(fn: Callable[..., T], *args: Any) -> T:
+    """`fn(*args)` on a worker thread: what a request's body may make slow (tokenizing a large
+    batch, rendering a template, compiling its tools' schemas, which release the GIL) never
+    holds up the event loop that answers every other request, /health included."""
+    return await asyncio.get_running_loop().run_in_executor(_WORKERS, functools.partial(fn, *args))
 
 
 # -- leaving with the client ---------------------------------------------------------------------

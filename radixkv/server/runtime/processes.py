@@ -47,6 +47,9 @@ class Children:
 
     def __init__(self, config: EngineConfig, endpoints: Endpoints):
         ctx = multiprocessing.get_context("spawn")  # no inherited threads or torch state
+        storage = config.storage.kv_storage_dir is not None and config.cache.host_kv_size is not None
+        # a clean stop lets the scheduler write its tiers to storage (bounded) before it is signalled
+        self.persist_seconds = config.storage.kv_storage_persist_timeout + CHILD_EXIT_SECONDS if storage else 0.0
         me = os.getpid()
         self.procs = {
             "scheduler": ctx.Process(target=_scheduler_main, args=(config, endpoints, me),
@@ -67,10 +70,11 @@ class Children:
         return None
 
     def stop(self) -> None:
-        """After the scheduler was asked to stop: give it a moment, then SIGTERM, then SIGKILL."""
+        """After the scheduler was asked to stop: give it a moment (and the time to persist its
+        tiers to storage, if it has one), then SIGTERM, then SIGKILL."""
         started = [p for p in self.procs.values() if p.pid is not None]
         if self.procs["scheduler"] in started:
-            self.procs["scheduler"].join(1.0)
+            self.procs["scheduler"].join(1.0 + self.persist_seconds)
         for proc in started:
             if proc.is_alive():
                 proc.terminate()

@@ -8,6 +8,11 @@ HTTP server's event loop; sockets:
     PUSH -> scheduler:  GenerateRequest, AbortMsg, ControlRequest
     PULL <- detokenizer (TextBatch) and scheduler (SchedulerReady/Failed, ControlReply)
 
+Admission. The manager holds at most `max_queued` requests at once. A body is admitted whole
+(`admit`: room for all of its prompts and samples, or none) before any of them is sent, so a
+batch is never half computed; sends to the scheduler never fail (its socket has no high-water
+mark: what it queues is bounded by admission), so an abort is never dropped.
+
 Request ids. Every request runs under an id the manager makes (a random uuid). A client may
 name its request (`rid`); that name is scoped to the client's principal (its API key), so one
 client can neither abort another's request nor learn which names another has in flight.
@@ -29,6 +34,7 @@ from radixkv.errors import (
     EngineError,
     ErrorKind,
     InvalidRequestError,
+    Overloaded,
     ServiceUnavailable,
 )
 from radixkv.ipc import (
@@ -56,18 +62,48 @@ NO_LOGPROBS = LogprobParams()
 Chunk = TextOutput
 """What one request produced since its previous chunk (its new tokens and their text)."""
 
-__all__ = ["Chunk", "ServiceUnavailable", "TokenizerManager"]
+__all__ = ["Chunk", "ServiceUnavailable", "Ticket", "TokenizerManager"]
+DEFAULT_MAX_QUEUED = 4096
+
+
+class Ticket:
+    """Room held for the `left` requests of one admitted body (`TokenizerManager.admit`): each
+    request takes its place as it starts; `release` gives back what was not taken."""
+
+    def __init__(self, manager: TokenizerManager, count: int):
+        self.manager, self.left = manager, count
+
+    def take(self) -> bool:
+        if self.left <= 0:
+            return False
+        self.left -= 1
+        self.manager.reserved -= 1
+        return True
+
+    def release(self) -> None:
+        self.manager.reserved -= self.left
+        self.left = 0
+
+    def __enter__(self) -> Ticket:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
 
 
 class TokenizerManager:
-    def __init__(self, tokenizer, endpoints: Endpoints, on_finished: Callable[[Chunk], None] | None = None):
+    def __init__(self, tokenizer, endpoints: Endpoints, on_finished: Callable[[Chunk], None] | None = None,
+                 max_queued: int = DEFAULT_MAX_QUEUED):
         self.tokenizer = tokenizer
         self.ctx = zmq.asyncio.Context(1)
         self.inbox = self.ctx.socket(zmq.PULL)
         self.inbox.bind(endpoints.tokenizer)
         self._sync_ctx = zmq.Context(1)
         self.to_scheduler = self._sync_ctx.socket(zmq.PUSH)  # sends never block; usable in `finally`
+        self.to_scheduler.setsockopt(zmq.SNDHWM, 0)  # never full: admission bounds what waits in it
         self.to_scheduler.connect(endpoints.scheduler)
+        self.max_queued = max_queued
+        self.reserved = 0  # room admitted bodies hold for requests not yet started (`Ticket`)
         self.on_finished = on_finished
         self.queues: dict[str, asyncio.Queue[Chunk]] = {}  # request id -> its chunks
         self.client_rids: dict[tuple[str, str], str] = {}  # (principal, the client's rid) -> request id
@@ -130,6 +166,24 @@ class TokenizerManager:
             text = self._token_texts[token_id] = self.tokenizer.decode([token_id], skip_special_tokens=False)
         return text
 
+    def admit(self, count: int, what: str = "this request") -> Ticket:
+        """Room for `count` requests, all or none: `InvalidRequestError` when `count` alone is
+        more than the server holds, `Overloaded` (HTTP 429) when it does not fit beside the
+        requests in flight now."""
+        self._check_accepting()
+        return self._reserve(count, what)
+
+    def _reserve(self, count: int, what: str = "this request") -> Ticket:
+        if count > self.max_queued:
+            raise InvalidRequestError(f"{what} needs {count} generations (prompts x samples), more than this "
+                                      f"server holds at once (--max-queued-requests {self.max_queued}); split it")
+        held = len(self.queues) + self.reserved
+        if held + count > self.max_queued:
+            raise Overloaded(f"the server holds {held} of its {self.max_queued} requests (--max-queued-requests) "
+                             f"and {what} needs {count}; retry later")
+        self.reserved += count
+        return Ticket(self, count)
+
     def check(self, input_ids: list[int], params: SamplingParams, logprob: LogprobParams = NO_LOGPROBS) -> None:
         """Raise `InvalidRequestError` if the request can never run (before anything is sent),
         `ServiceUnavailable` if the server takes no new requests."""
@@ -139,7 +193,8 @@ class TokenizerManager:
 
     async def stream(self, input_ids: list[int], params: SamplingParams, rid: str | None = None,
                      namespace: str | None = None, logprob: LogprobParams = NO_LOGPROBS,
-                     principal: str = "", retention: Retention | None = None) -> AsyncIterator[Chunk]:
+                     principal: str = "", retention: Retention | None = None,
+                     ticket: Ticket | None = None) -> AsyncIterator[Chunk]:
         """Chunks of one request as they decode (named `rid` if the client named it). Leaving
         early (a client that disconnects) aborts the request, so its pages come back.
         `retention`: how long the client asks its prefixes to stay cached (the scheduler caps
@@ -148,6 +203,8 @@ class TokenizerManager:
         Only a dead runtime refuses here: a request `check` accepted before draining began may
         still start its parts (the samples of n > 1 after their shared prefill)."""
         self._check_alive()
+        if ticket is None or not ticket.take():
+            self._reserve(1).take()  # a request of its own (a shared prefill): room for one more
         request_id, name = uuid.uuid4().hex, None
         if rid is not None:
             name = (principal, rid)
@@ -168,18 +225,16 @@ class TokenizerManager:
             if name is not None:
                 del self.client_rids[name]
             if not finished and self.dead is None:
-                try:
-                    self._send(AbortMsg(request_id))
-                except ServiceUnavailable:  # the scheduler ends it when it catches up, or dies
-                    logger.warning("could not abort request %s: the scheduler's queue is full", request_id)
+                self._send(AbortMsg(request_id))
 
     async def generate(self, input_ids: list[int], params: SamplingParams, rid: str | None = None,
                        namespace: str | None = None, logprob: LogprobParams = NO_LOGPROBS,
-                       principal: str = "", retention: Retention | None = None) -> tuple[str, Collected, Chunk]:
+                       principal: str = "", retention: Retention | None = None,
+                       ticket: Ticket | None = None) -> tuple[str, Collected, Chunk]:
         """(text, everything it produced, last chunk) of one request; raises its error, if any."""
         text, collected = [], Collected()
         last = None
-        async for chunk in self.stream(input_ids, params, rid, namespace, logprob, principal, retention):
+        async for chunk in self.stream(input_ids, params, rid, namespace, logprob, principal, retention, ticket):
             text.append(chunk.text)
             collected.add(chunk)
             last = chunk
