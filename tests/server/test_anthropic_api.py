@@ -3,6 +3,7 @@ server, and the block -> message conversion, breakpoints and stream events on th
 
 import asyncio
 import importlib.util
+import json
 
 import anthropic
 import httpx
@@ -44,7 +45,8 @@ def test_blocks_become_template_messages_with_tool_calls_and_tool_results():
     conv = conversation_of(body(system=[{"type": "text", "text": "A"}, {"type": "text", "text": "B"}], messages=[
         {"role": "user", "content": "weather?"},
         {"role": "assistant", "content": [{"type": "text", "text": "Let me look."},
-                                          {"type": "tool_use", "id": "toolu_1", "name": "f", "input": {"x": 1}}]},
+                                          {"type": "tool_use", "id": "toolu_1", "name": "f", "input": {"x": 1}},
+                                          {"type": "tool_use", "id": "toolu_2", "name": "f", "input": {"x": 2}}]},
         {"role": "user", "content": [
             {"type": "tool_result", "tool_use_id": "toolu_1", "content": [{"type": "text", "text": "42"}]},
             {"type": "tool_result", "tool_use_id": "toolu_2", "content": "boom", "is_error": True},
@@ -53,11 +55,20 @@ def test_blocks_become_template_messages_with_tool_calls_and_tool_results():
         {"role": "system", "content": "A\n\nB"},
         {"role": "user", "content": "weather?"},
         {"role": "assistant", "content": "Let me look.",
-         "tool_calls": [{"id": "toolu_1", "type": "function", "function": {"name": "f", "arguments": {"x": 1}}}]},
+         "tool_calls": [{"id": "toolu_1", "type": "function", "function": {"name": "f", "arguments": {"x": 1}}},
+                        {"id": "toolu_2", "type": "function", "function": {"name": "f", "arguments": {"x": 2}}}]},
         {"role": "tool", "content": "42", "tool_call_id": "toolu_1"},
         {"role": "tool", "content": "Error: boom", "tool_call_id": "toolu_2"},
         {"role": "user", "content": "Thanks.\n\nAnd?"}]
     assert conv.marks == [] and not conv.prefill
+
+
+def test_a_tool_result_must_answer_an_earlier_tool_use():
+    """Found from outside: a tool_result whose tool_use_id matched no tool_use was accepted."""
+    with pytest.raises(InvalidRequestError, match=r"messages\[1\]\.content\[0\]\.tool_use_id='toolu_9'"):
+        conversation_of(body(messages=[
+            {"role": "user", "content": "weather?"},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_9", "content": "42"}]}]))
 
 
 def test_each_cache_control_marks_the_conversation_cut_after_its_block():
@@ -227,6 +238,25 @@ def test_a_named_tool_is_called_with_input_matching_its_schema_and_the_result_an
                                                   "input": call.input}]},
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call.id, "content": "18 C, sunny"}]}])
     assert answer.content and answer.usage.output_tokens > 0
+
+
+def test_a_streamed_tool_input_comes_in_pieces_and_a_cut_call_leaks_no_markup(client, server):
+    """Found from outside: a streamed tool_use's input came as one input_json_delta after the call
+    was complete (Anthropic streams it in pieces), and a forced call cut by max_tokens came back
+    as text holding the internal `<tool_call>` markup."""
+    ask = [{"role": "user", "content": "What is the weather in Paris?"}]
+    request = {"model": MODEL, "max_tokens": 40, "messages": ask, "tools": [WEATHER], "stream": True,
+               "tool_choice": {"type": "tool", "name": "get_weather"}, **GREEDY}
+    with server.client() as http, http.stream("POST", "/v1/messages", json=request) as response:
+        lines = [json.loads(line[len("data: "):]) for line in response.iter_lines() if line.startswith("data: ")]
+    pieces = [e["delta"]["partial_json"] for e in lines if e["type"] == "content_block_delta"
+              and e["delta"]["type"] == "input_json_delta"]
+    assert len(pieces) > 2
+    jsonschema.validate(json.loads("".join(pieces)), WEATHER["input_schema"])
+    cut = client.messages.create(model=MODEL, max_tokens=12, extra_body=GREEDY, messages=ask, tools=[WEATHER],
+                                 tool_choice={"type": "tool", "name": "get_weather"})
+    assert cut.stop_reason == "max_tokens"
+    assert not any("<tool_call>" in b.text for b in cut.content if b.type == "text")
 
 
 @pytest.mark.parametrize("fields, words", [

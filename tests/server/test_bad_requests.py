@@ -30,7 +30,7 @@ CASES = [
     ("POST", "/v1/chat/completions", {**CHAT, "logit_bias": {"1": 5}}, 400, "logit_bias"),
     ("POST", "/v1/chat/completions", {**CHAT, "frobnicate": True}, 400, "unknown field 'frobnicate'"),
     ("POST", "/v1/chat/completions", {**CHAT, "temperature": "hot"}, 400, "temperature"),
-    ("POST", "/v1/chat/completions", {**CHAT, "max_tokens": -1}, 400, "max_new_tokens"),
+    ("POST", "/v1/chat/completions", {**CHAT, "max_tokens": -1}, 400, "max_tokens=-1"),  # the client's name
     ("POST", "/v1/chat/completions", {**CHAT, "n": 100}, 400, "n=100"),
     ("POST", "/v1/completions", {"model": MODEL, "prompt": "x", "best_of": 2}, 400, "best_of"),
     ("POST", "/v1/completions", {"model": MODEL, "prompt": "x", "echo": "maybe"}, 400, "echo"),

@@ -57,7 +57,8 @@ def test_a_named_function_is_the_one_called_and_streams_as_openai_deltas(client)
     chunks = list(client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice=choice,
                                                  max_tokens=48, temperature=0, stream=True))
     deltas = [d for c in chunks for d in (c.choices[0].delta.tool_calls or [])]
-    assert [d.index for d in deltas] == [0] and deltas[0].function.name == "add" and deltas[0].id.startswith("call_")
+    assert {d.index for d in deltas} == {0} and deltas[0].function.name == "add" and deltas[0].id.startswith("call_")
+    assert len(deltas) > 2 and not any(d.id for d in deltas[1:])  # the arguments come in pieces, as OpenAI's do
     assert json.loads("".join(d.function.arguments or "" for d in deltas)) == args
     assert not "".join(c.choices[0].delta.content or "" for c in chunks)
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
@@ -75,8 +76,9 @@ def test_auto_reads_hermes_calls_out_of_the_text_streamed_or_not(client):
     assert call.function.name == "get_weather" and valid(call) == {"city": "Tokyo", "unit": "f"}
     chunks = list(client.chat.completions.create(**kw, stream=True))
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == "I will check. "
-    (delta,) = [d for c in chunks for d in (c.choices[0].delta.tool_calls or [])]
-    assert json.loads(delta.function.arguments) == {"city": "Tokyo", "unit": "f"}
+    deltas = [d for c in chunks for d in (c.choices[0].delta.tool_calls or [])]
+    assert {d.index for d in deltas} == {0} and deltas[0].function.name == "get_weather"
+    assert json.loads("".join(d.function.arguments or "" for d in deltas)) == {"city": "Tokyo", "unit": "f"}
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
     # tool_choice "none": the same text is content, not a call
     plain = client.chat.completions.create(**{**kw, "tool_choice": "none"})
@@ -121,6 +123,49 @@ def test_bad_history_and_conflicting_constraints_are_400s(client):
         client.chat.completions.create(model=MODEL, messages=bad_args, tools=TOOLS, max_tokens=4)
     with pytest.raises(openai.BadRequestError, match=r"messages\[1\]\.tool_call_id"):
         client.chat.completions.create(model=MODEL, messages=ASK + [{"role": "tool", "content": "3"}], max_tokens=4)
-    with pytest.raises(openai.BadRequestError, match="cannot be combined with response_format"):
+    with pytest.raises(openai.BadRequestError, match="cannot be combined with regex"):
         client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice="required", max_tokens=4,
+                                       extra_body={"regex": "a+"})
+
+
+def test_a_forced_call_with_a_response_format_is_accepted_and_calls(client):
+    """Found from outside: `required` with a response_format was a 400; OpenAI accepts it (the
+    format is for the final answer) and openai-agents sends it."""
+    r = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice="required",
+                                       parallel_tool_calls=False, max_tokens=48, temperature=0,
                                        response_format={"type": "json_object"})
+    assert r.choices[0].finish_reason == "tool_calls"
+    (call,) = r.choices[0].message.tool_calls
+    valid(call)
+
+
+def test_auto_with_a_response_format_calls_or_answers_in_the_format(client):
+    """Found from outside: the format constrained the whole output, so no tool could be called.
+    Now the output is a call or an answer in the format (the grammar allowing both is checked in
+    test_tools.py); whichever this model writes parses as what it is."""
+    answer = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]}},
+              "required": ["city"], "additionalProperties": False}
+    r = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice="auto",
+                                       parallel_tool_calls=False, max_tokens=48, temperature=0,
+                                       response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": answer}})
+    message = r.choices[0].message
+    if message.tool_calls:
+        assert r.choices[0].finish_reason == "tool_calls" and not (message.content or "").startswith("<tool_call>")
+        valid(message.tool_calls[0])
+    else:
+        jsonschema.validate(json.loads(message.content), answer)
+
+
+def test_a_forced_call_cut_by_max_tokens_leaks_no_markup(client):
+    """Found from outside: a forced call cut by max_tokens came back as text holding the internal
+    `<tool_call>` markup and no call. Now: finish_reason length, the call as far as it came."""
+    choice = {"type": "function", "function": {"name": "get_weather"}}
+    kw = dict(model=MODEL, messages=ASK, tools=TOOLS, tool_choice=choice, max_tokens=14, temperature=0)
+    r = client.chat.completions.create(**kw)
+    message = r.choices[0].message
+    assert r.choices[0].finish_reason == "length"
+    assert "<tool_call>" not in (message.content or "") and "{" not in (message.content or "")
+    assert all(c.function.name == "get_weather" for c in message.tool_calls or [])
+    chunks = list(client.chat.completions.create(**kw, stream=True))
+    assert "<tool_call>" not in "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert chunks[-1].choices[0].finish_reason == "length"

@@ -8,14 +8,15 @@ import xgrammar as xgr
 
 from radixkv.errors import InvalidRequestError
 from radixkv.server.api.conversation import breakpoint_tokens, continue_ids, render_ids, render_text
+from radixkv.server.api.tool_shapes import anthropic_tool_set, openai_tool_set
 from radixkv.server.api.tools import (
+    CallArgs,
+    CallStart,
     CallStream,
     ToolCall,
     ToolChoice,
     ToolSet,
-    anthropic_tool_set,
     check_tool,
-    openai_tool_set,
 )
 
 ADD = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}
@@ -65,12 +66,55 @@ def test_an_unclosed_call_at_the_end_is_still_read_if_whole():
     assert call.name == "add"
 
 
-def test_the_call_grammar_accepts_calls_of_the_tools_only():
-    def accepts(grammar: str, text: str) -> bool:
-        info = xgr.TokenizerInfo([])
-        matcher = xgr.GrammarMatcher(xgr.GrammarCompiler(info).compile_grammar(grammar))
-        return all(matcher.accept_string(ch) for ch in text) and matcher.is_completed()
+def accepts(grammar: str, text: str) -> bool:
+    info = xgr.TokenizerInfo([])
+    matcher = xgr.GrammarMatcher(xgr.GrammarCompiler(info).compile_grammar(grammar))
+    return all(matcher.accept_string(ch) for ch in text) and matcher.is_completed()
 
+
+@pytest.mark.parametrize("cut", [1, 2, 5, 9])
+def test_a_streamed_calls_arguments_come_in_pieces_that_add_up_to_them(cut):
+    """Found from outside: a streamed call's arguments came as one delta once the call was
+    complete; OpenAI and Anthropic stream them in pieces (instructor's partial objects rely on it)."""
+    text = 'Sure. <tool_call>\n{"name": "add", "arguments": {"a": 1, "b": {"c": 2}}}\n</tool_call>'
+    stream = CallStream(TOOLS, pieces=True)
+    shown = []
+    for i in range(0, len(text), cut):
+        shown += stream.push(text[i: i + cut])
+    shown += stream.finish()
+    (start,) = [e for e in shown if isinstance(e, CallStart)]
+    pieces = [e.text for e in shown if isinstance(e, CallArgs)]
+    (call,) = [e for e in shown if isinstance(e, ToolCall)]
+    assert start.name == "add" and call.id == start.id and call.complete
+    assert len(pieces) > 1 or cut > 20
+    assert call.arguments.startswith("".join(pieces)) and json.loads(call.arguments) == {"a": 1, "b": {"c": 2}}
+    assert shown.index(start) < shown.index(call) and "".join(e for e in shown if isinstance(e, str)) == "Sure. "
+
+
+def test_a_call_cut_short_is_an_incomplete_call_never_its_markup():
+    """Found from outside: a forced call cut by max_tokens came back as content holding
+    '<tool_call>\n{"name": "get_weather",' and no tool call."""
+    for pieces in (False, True):
+        stream = CallStream(TOOLS, pieces=pieces)
+        shown = stream.push('<tool_call>\n{"name": "add", "arguments": {"a": 1') + stream.finish()
+        assert not [e for e in shown if isinstance(e, str)]
+        (call,) = [e for e in shown if isinstance(e, ToolCall)]
+        assert call.name == "add" and not call.complete and call.arguments_dict == {}
+    content, calls = TOOLS.parse('<tool_call>\n{"name": "add",')
+    assert content is None and [(c.name, c.complete) for c in calls] == [("add", False)]
+    assert TOOLS.parse('<tool_call>\n{"na') == ("", [])  # names no tool: nothing, not the markup
+
+
+def test_auto_with_an_answer_format_allows_a_call_or_the_answer():
+    """Found from outside: tools under auto with a response_format constrained the whole output
+    to the format, so no tool could ever be called."""
+    answer = json.dumps({"type": "object", "properties": {"sum": {"type": "integer"}}, "required": ["sum"]})
+    grammar = ToolSet(TOOLS.tools, ToolChoice("auto"), parallel=False).grammar(answer=answer)
+    assert accepts(grammar, CALL) and accepts(grammar, '{"sum": 3}')
+    assert not accepts(grammar, '{"total": 3}') and not accepts(grammar, "free text")
+
+
+def test_the_call_grammar_accepts_calls_of_the_tools_only():
     one = ToolSet(TOOLS.tools, ToolChoice("required"), parallel=False).grammar()
     many = ToolSet(TOOLS.tools, ToolChoice("required")).grammar()
     named = ToolSet(TOOLS.tools, ToolChoice("function", "now")).grammar()

@@ -37,17 +37,20 @@ from radixkv.server.api.anthropic_protocol import (
 )
 from radixkv.server.api.conversation import breakpoint_retention, render_ids
 from radixkv.server.api.pipeline import Generation, Result, Serving, Usage, check_model, only, with_call_grammar
+from radixkv.server.api.tool_shapes import anthropic_tool_set
 from radixkv.server.api.tools import (
+    CallArgs,
+    CallStart,
     CallStream,
     ToolCall,
     ToolSet,
-    anthropic_tool_set,
     new_call_id,
 )
 from radixkv.server.http.app import Api
 from radixkv.server.http.sse import StreamFormat, encode_stream
 from radixkv.server.http.common import (
     json_body,
+    off_loop,
     request_body,
 )
 from radixkv.server.runtime.tokenizer_manager import Chunk
@@ -135,6 +138,7 @@ class Messages(Serving):
     """POST /v1/messages: one generation; Anthropic's named events when it streams."""
 
     stream_format = STREAM
+    client_names = {"max_new_tokens": "max_tokens", "stop": "stop_sequences"}
 
     async def parse(self) -> MessagesBody:
         return MessagesBody.model_validate(await json_body(self.request))
@@ -142,8 +146,7 @@ class Messages(Serving):
     def build(self, body: MessagesBody) -> list[Generation]:
         self.prompt = prompt = prompt_of(self.request, body)
         params = body.sampling_dict()
-        if prompt.tools is not None and prompt.tools.forced:
-            params = with_call_grammar(params, prompt.tools)
+        params = with_call_grammar(params, prompt.tools)
         sampling = SamplingParams.from_dict(params)
         self.manager.check(prompt.ids, sampling)
         self.meta = message_meta(self.request)
@@ -153,6 +156,7 @@ class Messages(Serving):
         ((text, _, last),) = results
         prompt = self.prompt
         content, calls = prompt.tools.parse(text) if prompt.tools is not None else (text, [])
+        calls = [c for c in calls if c.complete]  # one max_tokens cut: stop_reason says so, its input is not whole
         blocks = ([{"type": "text", "text": content}] if content else []) + [tool_use_block(c) for c in calls]
         reason, sequence = stop_reason(last.finish_reason, bool(calls), body.stop_sequences)
         return {**self.meta, "content": blocks, "stop_reason": reason, "stop_sequence": sequence,
@@ -172,7 +176,7 @@ async def messages(request: Request):
 async def count_tokens(request: Request):
     """The prompt's length in tokens, as POST /v1/messages would run it (nothing runs)."""
     body = CountTokensBody.model_validate(await json_body(request))
-    return {"input_tokens": len(prompt_of(request, body).ids)}
+    return {"input_tokens": len((await off_loop(prompt_of, request, body)).ids)}
 
 
 # -- streaming -------------------------------------------------------------------------------------
@@ -190,14 +194,16 @@ def event_bytes(events: AsyncIterator[Event]) -> AsyncIterator[bytes]:
 class ContentStream:
     """A reply's content blocks as Anthropic streams them. A text block opens with its first
     text that is not blank (blank text before a tool call is dropped, as `ToolSet.parse` strips
-    it) and closes before a tool_use block or at the end; a tool_use block is sent whole once
-    its call is read: its start, its input as one `input_json_delta`, its stop."""
+    it) and closes before a tool_use block or at the end; a tool_use block starts once the
+    model names its tool, its input follows in `input_json_delta` pieces as the model writes
+    it, and it stops when the call ends."""
 
     def __init__(self) -> None:
         self.blocks = 0  # started so far; the open text block, if any, is the last
         self.text_open = False
         self.blank = ""  # blank text held while no text block is open
         self.calls = 0
+        self.open_call: tuple[str, int, str] | None = None  # (call id, block index, input sent)
 
     def text(self, text: str) -> list[Event]:
         if not self.text_open and not (self.blank + text).strip():
@@ -206,6 +212,26 @@ class ContentStream:
         events = [] if self.text_open else self._open_text()
         text, self.blank = self.blank + text, ""
         return (events + [delta(self.blocks - 1, {"type": "text_delta", "text": text})]) if text else events
+
+    def piece(self, piece: CallStart | CallArgs | ToolCall) -> list[Event]:
+        """Events of a call's start, a piece of its input, or its end."""
+        if isinstance(piece, CallStart):
+            events, self.blank = self._close_text(), ""
+            index, self.blocks, self.calls = self.blocks, self.blocks + 1, self.calls + 1
+            self.open_call = (piece.id, index, "")
+            return events + [("content_block_start", {"type": "content_block_start", "index": index, "content_block": {
+                "type": "tool_use", "id": "toolu_" + piece.id.removeprefix("call_"), "name": piece.name, "input": {}}})]
+        if isinstance(piece, CallArgs):
+            call_id, index, sent = self.open_call
+            self.open_call = (call_id, index, sent + piece.text)
+            return [delta(index, {"type": "input_json_delta", "partial_json": piece.text})]
+        if self.open_call is not None and self.open_call[0] == piece.id:
+            _, index, sent = self.open_call
+            self.open_call = None
+            rest = piece.arguments[len(sent):] if piece.complete and piece.arguments.startswith(sent) else ""
+            return ([delta(index, {"type": "input_json_delta", "partial_json": rest})] if rest else []) + [
+                ("content_block_stop", {"type": "content_block_stop", "index": index})]
+        return self.call(piece) if piece.complete else []
 
     def call(self, call: ToolCall) -> list[Event]:
         events, self.blank = self._close_text(), ""
@@ -246,7 +272,7 @@ async def message_events(prompt: Prompt, chunks: AsyncIterator[Chunk], meta: dic
     """The Messages stream of one request's chunks (the first already came: it carries how
     much of the prompt the cache served, which `message_start` reports)."""
     content = ContentStream()
-    reader = CallStream(prompt.tools) if prompt.tools is not None and prompt.tools.parses_calls else None
+    reader = CallStream(prompt.tools, pieces=True) if prompt.tools is not None and prompt.tools.parses_calls else None
     opened = False
     async for chunk in chunks:
         if not opened:
@@ -260,7 +286,7 @@ async def message_events(prompt: Prompt, chunks: AsyncIterator[Chunk], meta: dic
         else:
             shown = reader.push(chunk.text) + (reader.finish() if chunk.finished else [])
         for piece in shown:
-            for event in content.text(piece) if isinstance(piece, str) else content.call(piece):
+            for event in content.text(piece) if isinstance(piece, str) else content.piece(piece):
                 yield event
         if chunk.finished:
             for event in content.finish():

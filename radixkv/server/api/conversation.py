@@ -9,9 +9,10 @@ positions holds for the ids `render_ids` returns.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
-from radixkv.server.api.tools import ToolSet, fallback_messages
+from radixkv.server.api.tools import CALL_CLOSE, CALL_OPEN, ToolSet
 from radixkv.tokenizer import Tokenizer
 
 
@@ -103,3 +104,45 @@ def breakpoint_retention(tokenizer: Tokenizer, full_ids: list[int],
     spans = tuple((breakpoint_tokens(tokenizer, full_ids, partial, tools, template_kwargs), seconds)
                   for partial, seconds in marks)
     return Retention(spans)
+
+
+FALLBACK_HEADER = (
+    "# Tools\n\n"
+    "You can call the functions below to help with the user's request. Each is described by a "
+    "JSON object with its name, what it does and the JSON schema of its arguments:\n"
+)
+FALLBACK_FOOTER = (
+    "\nTo call a function, answer with one block per call, each holding a JSON object with the "
+    "function's name and its arguments:\n"
+    f"{CALL_OPEN}\n{{\"name\": \"<function name>\", \"arguments\": {{<arguments as JSON>}}}}\n{CALL_CLOSE}"
+)
+
+
+# -- the prompt of a template without tools ----------------------------------------------------------------------------------
+def fallback_messages(messages: list[dict[str, Any]], tools: ToolSet | None) -> list[dict[str, Any]]:
+    """`messages` as a template without tool support can render them (see the module docstring)."""
+    out: list[dict[str, Any]] = []
+    if tools is not None and tools.tools:
+        listing = "\n".join(json.dumps(t.to_template()["function"], ensure_ascii=False) for t in tools.tools)
+        block = FALLBACK_HEADER + listing + "\n" + FALLBACK_FOOTER
+        if messages and messages[0]["role"] == "system":
+            block += "\n\n" + messages[0]["content"]
+            messages = messages[1:]
+        out.append({"role": "system", "content": block})
+    for m in messages:
+        if m["role"] == "assistant" and m.get("tool_calls"):
+            parts = [m["content"]] if m.get("content") else []
+            parts += [f"{CALL_OPEN}\n{json.dumps({'name': c['function']['name'], 'arguments': c['function']['arguments']}, ensure_ascii=False)}\n{CALL_CLOSE}"
+                      for c in m["tool_calls"]]
+            out.append({"role": "assistant", "content": "\n".join(parts)})
+        elif m["role"] == "tool":
+            response = f"<tool_response>\n{m['content']}\n</tool_response>"
+            if out and out[-1].get("_tool_results"):
+                out[-1]["content"] += "\n" + response
+            else:
+                out.append({"role": "user", "content": response, "_tool_results": True})
+        else:
+            out.append({k: v for k, v in m.items() if k in ("role", "content", "name")})
+    for m in out:
+        m.pop("_tool_results", None)
+    return out

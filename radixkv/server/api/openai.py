@@ -36,7 +36,8 @@ from radixkv.server.api.protocol import (
     refuse_unsupported,
     sampling_dict,
 )
-from radixkv.server.api.tools import CallStream, ToolCall, ToolSet, openai_tool_set
+from radixkv.server.api.tool_shapes import openai_tool_set
+from radixkv.server.api.tools import CallArgs, CallStart, CallStream, ToolCall, ToolSet
 from radixkv.server.http.app import Api
 from radixkv.server.http.common import all_or_none, json_body, request_body
 from radixkv.server.runtime.tokenizer_manager import Chunk, TokenizerManager
@@ -106,8 +107,7 @@ def jobs_for(manager: TokenizerManager, prompts: list[list[int]], body, max_toke
     for ids, echo in zip(prompts, echoes or [None] * len(prompts)):
         max_new = max_tokens if max_tokens is not None else max(0, manager.limits.context_length - len(ids))
         dicts = [sampling_dict(body, max_new, j) for j in range(body.n)]
-        if tools is not None and tools.forced:
-            dicts = [with_call_grammar(d, tools) for d in dicts]
+        dicts = [with_call_grammar(d, tools) for d in dicts]
         params = [SamplingParams.from_dict(d) for d in dicts]
         manager.check(ids, params[0], logprob)
         jobs.append(Job(ids, params, logprob, namespace, echo, retention))
@@ -160,6 +160,8 @@ def include_usage(body) -> bool:
 
 class ChatCompletions(OpenAIServing):
     body_model, unsupported, prefix = ChatCompletionBody, UNSUPPORTED_CHAT, "chatcmpl"
+    client_names = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens", "json_schema": "response_format",
+                    "top_logprobs_num": "top_logprobs"}
 
     def build(self, body: ChatCompletionBody) -> list[Generation]:
         if not body.messages:
@@ -193,6 +195,8 @@ class ChatCompletions(OpenAIServing):
 
 class Completions(OpenAIServing):
     body_model, unsupported, prefix = CompletionBody, UNSUPPORTED_COMPLETION, "cmpl"
+    client_names = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens", "json_schema": "response_format",
+                    "top_logprobs_num": "logprobs"}
 
     def build(self, body: CompletionBody) -> list[Generation]:
         prompts = completion_prompts(self.manager, body.prompt)
@@ -275,13 +279,38 @@ async def chat_events(manager: TokenizerManager, job: Job, chunks: AsyncIterator
     """A choice's first chunk carries its first text (with the role), never an empty delta: clients
     time the first token by the first chunk. A chunk whose tokens' text is still held back (a
     partial character, a possible stop string, a possible tool call) is sent only when it has
-    log-probs to carry. With tools, a call is sent as one `tool_calls` delta once its block closes."""
+    log-probs to carry. With tools, a call is sent as OpenAI streams it: a `tool_calls` delta with
+    its id and name once the model names the tool, then its arguments in pieces as they come."""
     base = {**meta, "object": "chat.completion.chunk"}
     lasts: dict[int, Chunk] = {}
     opened: set[int] = set()
-    readers = {j: CallStream(tools) for j in range(len(job.params))} if tools is not None and tools.parses_calls \
-        else {}
+    readers = {j: CallStream(tools, pieces=True) for j in range(len(job.params))} \
+        if tools is not None and tools.parses_calls else {}
     calls_sent: dict[int, int] = {}
+    streamed: dict[str, tuple[int, str]] = {}  # call id -> (its index in its choice, its arguments sent)
+
+    def call_deltas(j: int, events: list) -> list[dict[str, Any]]:
+        """`tool_calls` delta entries of a choice's call events (`CallStart`, `CallArgs`, `ToolCall`)."""
+        out = []
+        for e in events:
+            if isinstance(e, CallStart):
+                index = calls_sent.get(j, 0)
+                calls_sent[j], streamed[e.id] = index + 1, (index, "")
+                out.append({"index": index, "id": e.id, "type": "function",
+                            "function": {"name": e.name, "arguments": ""}})
+            elif isinstance(e, CallArgs):
+                index, sent = streamed[e.id]
+                streamed[e.id] = (index, sent + e.text)
+                out.append({"index": index, "function": {"arguments": e.text}})
+            elif e.id in streamed:  # the end of a call whose start went out
+                index, sent = streamed.pop(e.id)
+                rest = e.arguments[len(sent):] if e.arguments.startswith(sent) else ""
+                if rest:
+                    out.append({"index": index, "function": {"arguments": rest}})
+            else:
+                out.append(call_json(e, calls_sent.get(j, 0)))
+                calls_sent[j] = calls_sent.get(j, 0) + 1
+        return out
 
     def delta(j: int, text: str | None) -> dict[str, Any]:
         if j in opened:
@@ -294,15 +323,13 @@ async def chat_events(manager: TokenizerManager, job: Job, chunks: AsyncIterator
         if j in readers:
             shown = readers[j].push(chunk.text) + (readers[j].finish() if chunk.finished else [])
             text = "".join(e for e in shown if isinstance(e, str))
-            calls = [e for e in shown if isinstance(e, ToolCall)]
+            calls = call_deltas(j, [e for e in shown if not isinstance(e, str)])
         if text or calls or (chunk.new_ids and job.logprob.return_logprob):
             piece = Collected()
             piece.add(chunk)
             d = delta(j, text if text or not calls else None)
             if calls:
-                first = calls_sent.get(j, 0)
-                d["tool_calls"] = [call_json(c, first + k) for k, c in enumerate(calls)]
-                calls_sent[j] = first + len(calls)
+                d["tool_calls"] = calls
             yield {**base, "choices": [{"index": j, "delta": d,
                                         "logprobs": chat_logprobs(manager, job, piece), "finish_reason": None}]}
         if chunk.finished:

@@ -13,6 +13,7 @@ into its own usage shape.
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -21,6 +22,7 @@ from fastapi import Request
 
 from radixkv import tenancy
 from radixkv.errors import EngineError, InvalidRequestError, RadixKVError
+from radixkv.grammar_spec import normalise_json_schema
 from radixkv.mem.miss_causes import CAUSES
 from radixkv.results import Collected
 from radixkv.retention import Retention
@@ -31,11 +33,12 @@ from radixkv.server.http.common import (
     all_or_none,
     cache_owner,
     first_then_rest,
+    off_loop,
     principal,
     until_disconnected,
 )
 from radixkv.server.http.sse import PLAIN, Event, StreamFormat, streaming_response
-from radixkv.server.runtime.tokenizer_manager import Chunk, TokenizerManager
+from radixkv.server.runtime.tokenizer_manager import Chunk, Ticket, TokenizerManager
 
 T = TypeVar("T")
 TIERS = ("device", "host", "storage")
@@ -54,14 +57,15 @@ class Generation:
     retention: Retention | None = None  # how long the cache is asked to keep its prefixes
     rid: str | None = None  # the client's name for it
     principal: str = ""  # whose name `rid` is
+    ticket: Ticket | None = None  # the room its body was admitted with (`TokenizerManager.admit`)
 
     def stream(self, manager: TokenizerManager) -> AsyncIterator[Chunk]:
         return manager.stream(self.ids, self.params, self.rid, self.namespace, self.logprob, self.principal,
-                              self.retention)
+                              self.retention, self.ticket)
 
     async def generate(self, manager: TokenizerManager) -> Result:
         return await manager.generate(self.ids, self.params, self.rid, self.namespace, self.logprob,
-                                      self.principal, self.retention)
+                                      self.principal, self.retention, self.ticket)
 
     def prefill(self) -> Generation:
         """The prompt alone (no token sampled): run once before n samples, it leaves the prompt
@@ -107,6 +111,8 @@ class Serving:
     results in order, or `events` the stream's events from `(index, chunk)` pairs."""
 
     stream_format: StreamFormat = PLAIN
+    client_names: dict[str, str] | None = None
+    """The API's names for the runtime's fields (`in_client_terms`); None: the runtime's own."""
 
     def __init__(self, request: Request):
         self.request = request
@@ -114,13 +120,22 @@ class Serving:
         self.settings = request.app.state.settings
 
     async def handle(self) -> Any:
-        body = await self.parse()
-        generations = self.scoped(self.build(body))
-        await until_disconnected(self.request, self.prefill(generations))
-        if self.streams(body):
-            chunks = await started(self.request, merged(self.manager, generations))
-            return streaming_response(self.events(body, generations, chunks), self.stream_format)
-        results = await until_disconnected(self.request, all_or_none(*(g.generate(self.manager) for g in generations)))
+        try:
+            body = await self.parse()
+            generations = self.scoped(await off_loop(self.build, body))
+        except InvalidRequestError as e:
+            if self.client_names is None:
+                raise
+            raise InvalidRequestError(in_client_terms(str(e), self.client_names)) from None
+        with self.manager.admit(len(generations)) as ticket:  # the whole body, or a 4xx before any runs
+            for g in generations:
+                g.ticket = ticket
+            await until_disconnected(self.request, self.prefill(generations))
+            if self.streams(body):
+                chunks = await started(self.request, merged(self.manager, generations))
+                return streaming_response(self.events(body, generations, chunks), self.stream_format)
+            results = await until_disconnected(self.request,
+                                               all_or_none(*(g.generate(self.manager) for g in generations)))
         return self.respond(body, generations, results)
 
     def scoped(self, generations: list[Generation]) -> list[Generation]:
@@ -159,6 +174,18 @@ class Serving:
         return given if given is not None else max(0, self.manager.limits.context_length - prompt_len)
 
 
+def in_client_terms(message: str, names: dict[str, str]) -> str:
+    """An error about the runtime's fields (`sampling_params.max_new_tokens`) in the names the
+    client sent (`max_tokens`): `sampling_params.` dropped, each name in `names` translated
+    (bare too, where it is an identifier with an underscore: `max_new_tokens`, not `stop`)."""
+    message = re.sub(r"\bsampling_params\.(\w+)", lambda m: names.get(m.group(1), m.group(1)), message)
+    bare = [name for name in names if "_" in name]
+    if bare:
+        words = re.compile(r"\b(" + "|".join(map(re.escape, bare)) + r")\b")
+        message = words.sub(lambda m: names[m.group(1)], message)
+    return message
+
+
 def check_model(request: Request, name: str) -> None:
     settings, manager = request.app.state.settings, request.app.state.manager
     if name not in (settings.model_name, manager.info["model_dir"]):
@@ -166,13 +193,23 @@ def check_model(request: Request, name: str) -> None:
                              f"(see GET /v1/models)", "not_found")
 
 
-def with_call_grammar(params: dict[str, Any], tools: ToolSet) -> dict[str, Any]:
-    """`params` constrained to the tools' call grammar (`tool_choice` required or named)."""
-    given = [name for name in ("regex", "json_schema", "ebnf") if name in params]
-    if given:
+def with_call_grammar(params: dict[str, Any], tools: ToolSet | None) -> dict[str, Any]:
+    """`params` constrained for `tools`, as OpenAI applies a response format: to the final
+    answer, never to a call. `tool_choice` required or named: the output is the tools' call
+    grammar (a response format is for a later turn's answer). `auto` with a response format:
+    a call, or an answer in the format. Without tools to call, `params` as they are."""
+    if tools is None or not tools.parses_calls:
+        return params
+    given = [name for name in ("regex", "ebnf") if name in params]
+    if given and tools.forced:
         raise InvalidRequestError(f"tool_choice={tools.choice.mode!r} constrains the output to a tool call; it "
-                                  f"cannot be combined with {given[0] if given[0] != 'json_schema' else 'response_format'}")
-    return {**params, "ebnf": tools.grammar()}
+                                  f"cannot be combined with {given[0]}")
+    rest = {k: v for k, v in params.items() if k != "json_schema"}
+    if tools.forced:
+        return {**rest, "ebnf": tools.grammar()}
+    if "json_schema" in params:
+        return {**rest, "ebnf": tools.grammar(answer=normalise_json_schema(params["json_schema"]))}
+    return params
 
 
 async def merged(manager: TokenizerManager, generations: list[Generation]) -> AsyncIterator[tuple[int, Chunk]]:

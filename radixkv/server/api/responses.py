@@ -37,7 +37,8 @@ from radixkv.server.api.protocol import openai_retention
 from radixkv.tenancy import salt_namespace
 from radixkv.server.api.response_store import ResponseStore, StoredResponse
 from radixkv.server.api.responses_protocol import ResponsesBody, input_messages
-from radixkv.server.api.tools import CallStream, ToolCall, ToolSet, openai_tool_set
+from radixkv.server.api.tool_shapes import openai_tool_set
+from radixkv.server.api.tools import CallArgs, CallStart, CallStream, ToolCall, ToolSet
 from radixkv.server.http.app import Api
 from radixkv.server.http.sse import StreamFormat
 from radixkv.server.http.common import (
@@ -122,8 +123,7 @@ def sampling(manager: TokenizerManager, body: ResponsesBody, prompt_len: int, to
     schema = body.json_schema()
     if schema is not None:
         params["json_schema"] = schema
-    if tools is not None and tools.forced:
-        params = with_call_grammar(params, tools)
+    params = with_call_grammar(params, tools)
     return SamplingParams.from_dict(params)
 
 
@@ -136,7 +136,7 @@ def message_item(text: str, status: str = "completed", item_id: str | None = Non
 
 def call_item(call: ToolCall, status: str = "completed") -> dict[str, Any]:
     return {"type": "function_call", "id": f"fc_{call.id.removeprefix('call_')}", "call_id": call.id,
-            "name": call.name, "arguments": call.arguments if status == "completed" else "", "status": status}
+            "name": call.name, "arguments": call.arguments if status != "in_progress" else "", "status": status}
 
 
 def response_object(turn: Turn, model: str, status: str, output: list[dict[str, Any]],
@@ -203,6 +203,7 @@ class CreateResponse(Serving):
     """POST /v1/responses: one generation, its turn stored for `previous_response_id`."""
 
     stream_format = StreamFormat(named=True, numbered=True, done=False, error_event=stream_error)
+    client_names = {"max_new_tokens": "max_output_tokens", "json_schema": "text.format"}
 
     async def parse(self) -> ResponsesBody:
         body = ResponsesBody.model_validate(await json_body(self.request))
@@ -218,7 +219,8 @@ class CreateResponse(Serving):
     def respond(self, body: ResponsesBody, generations: list[Generation], results: list[Result]) -> Any:
         ((text, got, last),) = results
         content, calls = outputs_of(self.turn, text)
-        output = ([message_item(content)] if content else []) + [call_item(c) for c in calls]
+        output = ([message_item(content)] if content else []) + \
+            [call_item(c, "completed" if c.complete else "incomplete") for c in calls]
         response = response_object(self.turn, self.model, finished_status(last), output, last, self.created)
         remember(self.request, self.turn, response, content, calls, got.ids)
         return response
@@ -257,8 +259,9 @@ async def response_events(request: Request, turn: Turn, model: str, created: flo
     output: list[dict[str, Any]] = []
     message: dict[str, Any] | None = None  # the message item being written
     text_parts: list[str] = []
-    reader = CallStream(turn.tools) if turn.tools is not None and turn.tools.parses_calls else None
+    reader = CallStream(turn.tools, pieces=True) if turn.tools is not None and turn.tools.parses_calls else None
     got, content, calls = Collected(), [], []
+    streaming: dict[str, tuple[dict[str, Any], str]] = {}  # call id -> (its item, the arguments sent)
     start = response_object(turn, model, "in_progress", [], None, created)
     yield {"type": "response.created", "response": start}
     yield {"type": "response.in_progress", "response": start}
@@ -299,19 +302,31 @@ async def response_events(request: Request, turn: Turn, model: str, created: flo
                 content.append(piece)
                 yield {"type": "response.output_text.delta", "item_id": message["id"],
                        "output_index": output.index(message), "content_index": 0, "delta": piece, "logprobs": []}
+            elif isinstance(piece, CallArgs):  # a piece of the arguments, as they come
+                item, sent = streaming[piece.id]
+                streaming[piece.id] = (item, sent + piece.text)
+                yield {"type": "response.function_call_arguments.delta", "item_id": item["id"],
+                       "output_index": output.index(item), "delta": piece.text}
             else:
-                for event in close_message():
-                    yield event
+                if isinstance(piece, CallStart) or piece.id not in streaming:
+                    for event in close_message():
+                        yield event
+                    item = call_item(ToolCall(piece.id, piece.name, ""), "in_progress")
+                    output.append(item)
+                    streaming[piece.id] = (item, "")
+                    yield {"type": "response.output_item.added", "output_index": len(output) - 1, "item": dict(item)}
+                    if isinstance(piece, CallStart):
+                        continue
+                item, sent = streaming.pop(piece.id)
+                index = output.index(item)
                 calls.append(piece)
-                item = call_item(piece, "in_progress")
-                output.append(item)
-                index = len(output) - 1
-                yield {"type": "response.output_item.added", "output_index": index, "item": dict(item)}
-                yield {"type": "response.function_call_arguments.delta", "item_id": item["id"], "output_index": index,
-                       "delta": piece.arguments}
+                rest = piece.arguments[len(sent):] if piece.arguments.startswith(sent) else ""
+                if rest:
+                    yield {"type": "response.function_call_arguments.delta", "item_id": item["id"],
+                           "output_index": index, "delta": rest}
                 yield {"type": "response.function_call_arguments.done", "item_id": item["id"], "output_index": index,
                        "name": piece.name, "arguments": piece.arguments}
-                item.update(arguments=piece.arguments, status="completed")
+                item.update(arguments=piece.arguments, status="completed" if piece.complete else "incomplete")
                 yield {"type": "response.output_item.done", "output_index": index, "item": item}
     for event in close_message():
         yield event
@@ -324,7 +339,8 @@ async def response_events(request: Request, turn: Turn, model: str, created: flo
 
 def keep_responses(app: FastAPI, settings: ServerSettings) -> None:
     """The store `previous_response_id` reads (bounded by `--responses-store-size` and `-ttl`)."""
-    app.state.responses = ResponseStore(settings.responses_store_size, settings.responses_store_ttl)
+    app.state.responses = ResponseStore(settings.responses_store_size, settings.responses_store_ttl,
+                                        max_bytes=settings.responses_store_bytes)
 
 
 API = Api(router, setup=keep_responses)

@@ -14,7 +14,7 @@ Call format: Hermes-style, the format of Qwen's, Hermes' and many other template
     </tool_call>
 
 Prompt. A chat template that takes `tools` (`Tokenizer.takes_tools`) renders them and the
-tool messages itself. For one that does not (SmolLM2's, Gemma's), `fallback_messages` writes a
+tool messages itself. For one that does not (SmolLM2's, Gemma's), `conversation.fallback_messages` writes a
 documented fallback: a system message listing the tools as JSON with the call format above
 (the conversation's own system text follows it), assistant calls rendered as `<tool_call>`
 blocks, and each run of tool results as one user message of `<tool_response>` blocks. The tools
@@ -30,6 +30,7 @@ schema.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import uuid
@@ -42,18 +43,6 @@ CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 NAME_PATTERN = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 MAX_TOOLS = 128
 
-FALLBACK_HEADER = (
-    "# Tools\n\n"
-    "You can call the functions below to help with the user's request. Each is described by a "
-    "JSON object with its name, what it does and the JSON schema of its arguments:\n"
-)
-FALLBACK_FOOTER = (
-    "\nTo call a function, answer with one block per call, each holding a JSON object with the "
-    "function's name and its arguments:\n"
-    f"{CALL_OPEN}\n{{\"name\": \"<function name>\", \"arguments\": {{<arguments as JSON>}}}}\n{CALL_CLOSE}"
-)
-
-
 @dataclass(frozen=True)
 class Tool:
     """A function the model may call: `parameters` is the JSON schema of its arguments (an object)."""
@@ -61,6 +50,7 @@ class Tool:
     name: str
     description: str
     parameters: dict[str, Any]
+    where: str = dataclasses.field(default="parameters", compare=False)  # its schema's field in the request
 
     def to_template(self) -> dict[str, Any]:
         """As chat templates (and OpenAI) describe it."""
@@ -76,15 +66,18 @@ class ToolChoice:
 
 @dataclass(frozen=True)
 class ToolCall:
-    """A call the model made: `arguments` is JSON text (an object), as the APIs return it."""
+    """A call the model made: `arguments` is JSON text (an object), as the APIs return it. A
+    call the output ended inside (`complete` false: cut by max_tokens) has the arguments as far
+    as they came, as OpenAI returns them; its `arguments_dict` is empty."""
 
     id: str
     name: str
     arguments: str
+    complete: bool = True
 
     @property
     def arguments_dict(self) -> dict[str, Any]:
-        return json.loads(self.arguments)
+        return json.loads(self.arguments) if self.complete else {}
 
     def to_message(self) -> dict[str, Any]:
         """As an assistant message's `tool_calls` entry for a chat template."""
@@ -113,7 +106,7 @@ def check_tool(name: Any, description: Any, parameters: Any, where: str, schema_
         raise InvalidRequestError(f"{field}.type={parameters.get('type')!r}: a function's arguments "
                                   f"are a JSON object (type 'object')")
     _schema_grammar(parameters, field)
-    return Tool(name, description or "", parameters)
+    return Tool(name, description or "", parameters, field)  # (field: e.g. tools[0].function.parameters)
 
 
 def _schema_grammar(schema: dict[str, Any], where: str):
@@ -121,8 +114,9 @@ def _schema_grammar(schema: dict[str, Any], where: str):
     import xgrammar as xgr
 
     from radixkv.constrained.analysis import check_grammar
-    from radixkv.grammar_spec import MAX_GRAMMAR_CHARS, grammar_error_reason
+    from radixkv.grammar_spec import MAX_GRAMMAR_CHARS, check_schema_keywords, grammar_error_reason
 
+    check_schema_keywords(schema, where)
     try:
         text = json.dumps(schema)
     except (TypeError, ValueError, RecursionError) as e:
@@ -173,25 +167,34 @@ class ToolSet:
     def tool(self, name: str) -> Tool | None:
         return next((t for t in self.tools if t.name == name), None)
 
-    def grammar(self) -> str:
+    def grammar(self, answer: str | None = None) -> str:
         """EBNF of the output `required` / a named function allows: `<tool_call>` blocks (one, or
         one or more separated by newlines when `parallel` and not named), each a JSON object
-        {"name": <a tool's name>, "arguments": <its schema>}."""
+        {"name": <a tool's name>, "arguments": <its schema>}; or, given the JSON schema of an
+        `answer` (`auto` with a response format), those calls or an answer in that schema."""
         import xgrammar as xgr
+
+        from radixkv.grammar_spec import MAX_GRAMMAR_CHARS
 
         chosen = [self.tool(self.choice.name)] if self.choice.mode == "function" else list(self.tools)
         calls = [_schema_grammar({"type": "object", "properties": {"name": {"const": t.name}, "arguments": t.parameters},
                                   "required": ["name", "arguments"], "additionalProperties": False},
-                                 f"tools[{self.tools.index(t)}].parameters") for t in chosen]
+                                 t.where) for t in chosen]
         body = calls[0] if len(calls) == 1 else xgr.Grammar.union(*calls)
         one = xgr.Grammar.concat(xgr.Grammar.from_ebnf(f"root ::= {json.dumps(CALL_OPEN + chr(10))}"), body,
                                  xgr.Grammar.from_ebnf(f"root ::= {json.dumps(chr(10) + CALL_CLOSE)}"))
         text = str(one)
-        if not self.parallel or self.choice.mode == "function":
+        if len(text) > MAX_GRAMMAR_CHARS:
+            big = max(chosen, key=lambda t: len(json.dumps(t.parameters)))
+            raise InvalidRequestError(f"{big.where}: the grammar that forces a call of the tools is {len(text)} "
+                                      f"characters, more than the {MAX_GRAMMAR_CHARS} accepted; simplify the schema")
+        if self.parallel and self.choice.mode != "function":
+            renamed, n = re.subn(r"^root ::= ", "tool_call ::= ", text, count=1, flags=re.MULTILINE)
+            assert n == 1, "xgrammar's grammar text starts with its root rule"
+            text = renamed + '\nroot ::= tool_call ("\\n" tool_call)*\n'
+        if answer is None:
             return text
-        renamed, n = re.subn(r"^root ::= ", "tool_call ::= ", text, count=1, flags=re.MULTILINE)
-        assert n == 1, "xgrammar's grammar text starts with its root rule"
-        return renamed + '\nroot ::= tool_call ("\\n" tool_call)*\n'
+        return str(xgr.Grammar.union(xgr.Grammar.from_ebnf(text), xgr.Grammar.from_json_schema(answer, any_whitespace=False)))
 
     def parse(self, text: str) -> tuple[str | None, list[ToolCall]]:
         """(content, calls) of a finished output; content is None when only calls remain."""
@@ -199,13 +202,44 @@ class ToolSet:
             return text, []
         stream = CallStream(self)
         events = stream.push(text) + stream.finish()
-        content = "".join(e for e in events if isinstance(e, str)).strip()
+        content = "".join(e for e in events if isinstance(e, str))  # (a block cut short is not content)
         calls = [e for e in events if isinstance(e, ToolCall)]
-        return (content or None) if calls else text, calls
+        return (content.strip() or None) if calls else content, calls
 
 
-def parse_call(block: str, tools: ToolSet) -> ToolCall | None:
-    """The call a `<tool_call>` block's body holds, or None if it is not a call of one of the tools."""
+@dataclass(frozen=True)
+class CallStart:
+    """A call begins (its tool named): a stream announces it before its arguments."""
+
+    id: str
+    name: str
+
+
+@dataclass(frozen=True)
+class CallArgs:
+    """More of the arguments of the call `id` (a piece of its JSON text, in order)."""
+
+    id: str
+    text: str
+
+
+HEADER = re.compile(r'\s*\{\s*"name"\s*:\s*"([^"\\]+)"\s*,\s*"(?:arguments|parameters)"\s*:\s*(?=\{)')
+TAIL = re.compile(r"\}\s*(?:<(?:/(?:t(?:o(?:o(?:l(?:_(?:c(?:a(?:l(?:l(?:>)?)?)?)?)?)?)?)?)?)?)?)?\s*\Z")
+
+
+def parse_call(block: str, tools: ToolSet, raw: bool = False) -> ToolCall | None:
+    """The call a `<tool_call>` block's body holds, or None if it is not a call of one of the
+    tools. `raw`: its arguments as the model wrote them (what a stream sent in pieces), not
+    re-encoded."""
+    head = HEADER.match(block) if raw else None
+    if head is not None:
+        args = block[head.end():].rstrip()
+        args = args[:args.rfind("}")].rstrip() if args.endswith("}") else args
+        try:
+            if isinstance(json.loads(args), dict) and tools.tool(head.group(1)) is not None:
+                return ToolCall(new_call_id(), head.group(1), args)
+        except (ValueError, RecursionError):
+            pass
     try:
         obj = json.loads(block)
     except (ValueError, RecursionError):
@@ -223,6 +257,18 @@ def parse_call(block: str, tools: ToolSet) -> ToolCall | None:
     return ToolCall(new_call_id(), obj["name"], json.dumps(arguments, ensure_ascii=False))
 
 
+CUT_CALL = re.compile(r'\{\s*"name"\s*:\s*"([^"\\]+)"\s*(?:,\s*"(?:arguments|parameters)"\s*:\s*(.*))?', re.S)
+
+
+def cut_call(block: str, tools: ToolSet) -> ToolCall | None:
+    """The call a block cut short holds (its name and the arguments as far as they came), or
+    None when it does not name one of the tools."""
+    m = CUT_CALL.match(block)
+    if m is None or tools.tool(m.group(1)) is None:
+        return None
+    return ToolCall(new_call_id(), m.group(1), (m.group(2) or "").rstrip(), complete=False)
+
+
 class CallStream:
     """Reads calls out of text as it streams: `push(text)` and `finish()` return what can be
     shown, in order: text (str, content) and `ToolCall`s. Text that may start a `<tool_call>`
@@ -230,8 +276,37 @@ class CallStream:
     does not hold a call of one of the tools is shown as text). Whitespace after a call is held
     too, and dropped if only calls and whitespace follow (the separator between calls)."""
 
-    def __init__(self, tools: ToolSet):
+    def __init__(self, tools: ToolSet, pieces: bool = False):
         self.tools, self.buffer, self.inside, self.called = tools, "", False, False
+        self.pieces = pieces  # stream a call's arguments as they come (`CallStart`, `CallArgs`)
+        self.started: CallStart | None = None  # the call whose arguments are streaming
+        self.sent = 0  # of its arguments' text
+
+    def _stream_arguments(self) -> list[CallStart | CallArgs]:
+        """Inside a block: the call's start once its tool is named, then its arguments as far as
+        they can be known not to be the block's end (a `}` that may close the call is held)."""
+        head = HEADER.match(self.buffer, len(CALL_OPEN))
+        if head is None or self.tools.tool(head.group(1)) is None:
+            return []
+        out: list[CallStart | CallArgs] = []
+        if self.started is None:
+            self.started, self.sent = CallStart(new_call_id(), head.group(1)), 0
+            out.append(self.started)
+        args = self.buffer[head.end():]
+        last = args.rfind("}")
+        tail = TAIL.match(args, last) if last >= 0 else None
+        safe = (last if tail is not None else len(args.rstrip())) if args else 0
+        if safe > self.sent:
+            out.append(CallArgs(self.started.id, args[self.sent:safe]))
+            self.sent = safe
+        return out
+
+    def _close(self, call: ToolCall | None) -> ToolCall | None:
+        """The call a block made, under the id its start announced (the arguments as streamed)."""
+        started, self.started = self.started, None
+        if started is None or call is None:
+            return call if started is None else ToolCall(started.id, started.name, "", complete=False)
+        return ToolCall(started.id, call.name, call.arguments, call.complete)
 
     def push(self, text: str) -> list[str | ToolCall]:
         self.buffer += text
@@ -254,21 +329,23 @@ class CallStream:
                 self.buffer, self.inside = self.buffer[at:], True
             end = self.buffer.find(CALL_CLOSE)
             if end < 0:
-                return out
+                return out + (self._stream_arguments() if self.pieces else [])
             block = self.buffer[: end + len(CALL_CLOSE)]
             self.buffer, self.inside = self.buffer[end + len(CALL_CLOSE):], False
-            call = parse_call(block[len(CALL_OPEN): -len(CALL_CLOSE)].strip(), self.tools)
+            call = self._close(parse_call(block[len(CALL_OPEN): -len(CALL_CLOSE)].strip(), self.tools,
+                                          raw=self.started is not None))
             out.append(call or block)
             self.called = call is not None
 
     def finish(self) -> list[str | ToolCall]:
-        """What is left once the output ended (an unclosed block is parsed if it holds a whole call)."""
+        """What is left once the output ended: an unclosed block is a call if it holds a whole
+        one, an incomplete call if it names a tool, else nothing (never the call markup)."""
         rest, self.buffer = self.buffer, ""
         if self.inside:
             self.inside = False
-            call = parse_call(rest[len(CALL_OPEN):].strip(), self.tools)
-            if call is not None:
-                return [call]
+            body = rest[len(CALL_OPEN):].strip()
+            call = self._close(parse_call(body, self.tools, raw=self.started is not None) or cut_call(body, self.tools))
+            return [call] if call is not None else []
         if not rest or (self.called and not rest.strip()):
             return []
         return [rest]
@@ -280,114 +357,3 @@ def _partial_suffix(text: str, marker: str) -> int:
         if marker.startswith(text[-n:]):
             return n
     return 0
-
-
-# -- the prompt ----------------------------------------------------------------------------------
-def fallback_messages(messages: list[dict[str, Any]], tools: ToolSet | None) -> list[dict[str, Any]]:
-    """`messages` as a template without tool support can render them (see the module docstring)."""
-    out: list[dict[str, Any]] = []
-    if tools is not None and tools.tools:
-        listing = "\n".join(json.dumps(t.to_template()["function"], ensure_ascii=False) for t in tools.tools)
-        block = FALLBACK_HEADER + listing + "\n" + FALLBACK_FOOTER
-        if messages and messages[0]["role"] == "system":
-            block += "\n\n" + messages[0]["content"]
-            messages = messages[1:]
-        out.append({"role": "system", "content": block})
-    for m in messages:
-        if m["role"] == "assistant" and m.get("tool_calls"):
-            parts = [m["content"]] if m.get("content") else []
-            parts += [f"{CALL_OPEN}\n{json.dumps({'name': c['function']['name'], 'arguments': c['function']['arguments']}, ensure_ascii=False)}\n{CALL_CLOSE}"
-                      for c in m["tool_calls"]]
-            out.append({"role": "assistant", "content": "\n".join(parts)})
-        elif m["role"] == "tool":
-            response = f"<tool_response>\n{m['content']}\n</tool_response>"
-            if out and out[-1].get("_tool_results"):
-                out[-1]["content"] += "\n" + response
-            else:
-                out.append({"role": "user", "content": response, "_tool_results": True})
-        else:
-            out.append({k: v for k, v in m.items() if k in ("role", "content", "name")})
-    for m in out:
-        m.pop("_tool_results", None)
-    return out
-
-
-# -- each API's shapes -----------------------------------------------------------------------------
-def _choice(value: Any, named: str | None, where: str) -> ToolChoice:
-    if value is None or value == "auto":
-        return ToolChoice("auto")
-    if value in ("none", "required"):
-        return ToolChoice(value)
-    if named is not None:
-        return ToolChoice("function", named)
-    raise InvalidRequestError(f"{where}={value!r}: must be 'auto', 'none', 'required' or a named function")
-
-
-def openai_tool_set(tools: Any, tool_choice: Any, parallel: bool | None, flat: bool = False) -> ToolSet | None:
-    """OpenAI's `tools` / `tool_choice` / `parallel_tool_calls`: chat completions nest each
-    function (`{"type": "function", "function": {...}}`); the Responses API (`flat`) does not
-    (`{"type": "function", "name": ...}`). None when no tools are offered."""
-    if tools is None or tools == []:
-        if tool_choice not in (None, "none", "auto"):
-            raise InvalidRequestError(f"tool_choice={tool_choice!r} needs tools")
-        return None
-    if not isinstance(tools, list):
-        raise InvalidRequestError("tools: must be a list of function tools")
-    parsed = []
-    for i, tool in enumerate(tools):
-        where = f"tools[{i}]"
-        if not isinstance(tool, dict) or tool.get("type") != "function":
-            kind = tool.get("type") if isinstance(tool, dict) else type(tool).__name__
-            raise InvalidRequestError(f"{where}.type={kind!r}: only function tools are supported")
-        spec = tool if flat else tool.get("function")
-        if not isinstance(spec, dict):
-            raise InvalidRequestError(f"{where}.function: required, an object with the function's name")
-        if not flat:
-            where += ".function"
-        unknown = set(spec) - {"name", "description", "parameters", "strict", *(("type",) if flat else ())}
-        if unknown:
-            raise InvalidRequestError(f"{where}: unknown field(s) {sorted(unknown)}")
-        parsed.append(check_tool(spec.get("name"), spec.get("description"), spec.get("parameters"), where))
-    named = None
-    if isinstance(tool_choice, dict):
-        if tool_choice.get("type") != "function":
-            raise InvalidRequestError(f"tool_choice.type={tool_choice.get('type')!r}: must be 'function'")
-        named = tool_choice.get("name") if flat else (tool_choice.get("function") or {}).get("name")
-        if not isinstance(named, str):
-            raise InvalidRequestError("tool_choice: a named choice needs the function's name "
-                                      + ("(tool_choice.name)" if flat else "(tool_choice.function.name)"))
-    return ToolSet(tuple(parsed), _choice(tool_choice, named, "tool_choice"), True if parallel is None else parallel)
-
-
-def anthropic_tool_set(tools: Any, tool_choice: Any) -> ToolSet | None:
-    """Anthropic's `tools` (`{"name", "description", "input_schema"}`) and `tool_choice`
-    (`{"type": "auto" | "any" | "tool" | "none", "name", "disable_parallel_tool_use"}`)."""
-    if not tools:
-        return None
-    if not isinstance(tools, list):
-        raise InvalidRequestError("tools: must be a list of tools")
-    parsed = []
-    for i, tool in enumerate(tools):
-        if not isinstance(tool, dict):
-            raise InvalidRequestError(f"tools[{i}]: must be an object")
-        if tool.get("type") not in (None, "custom"):
-            raise InvalidRequestError(f"tools[{i}].type={tool.get('type')!r}: only client tools (name, description, "
-                                      f"input_schema) are supported, not server tools")
-        unknown = set(tool) - {"name", "description", "input_schema", "cache_control", "type"}
-        if unknown:
-            raise InvalidRequestError(f"tools[{i}]: unknown field(s) {sorted(unknown)}")
-        if "input_schema" not in tool:
-            raise InvalidRequestError(f"tools[{i}].input_schema: required, the JSON schema of the tool's input")
-        parsed.append(check_tool(tool.get("name"), tool.get("description"), tool["input_schema"], f"tools[{i}]",
-                                 "input_schema"))
-    choice = tool_choice or {"type": "auto"}
-    if not isinstance(choice, dict):
-        raise InvalidRequestError("tool_choice: must be an object with a type")
-    kind = choice.get("type")
-    modes = {"auto": "auto", "any": "required", "none": "none", "tool": "function"}
-    if kind not in modes:
-        raise InvalidRequestError(f"tool_choice.type={kind!r}: must be one of {sorted(modes)}")
-    if kind == "tool" and not isinstance(choice.get("name"), str):
-        raise InvalidRequestError("tool_choice.name: required with type 'tool'")
-    parallel = not choice.get("disable_parallel_tool_use", False)
-    return ToolSet(tuple(parsed), ToolChoice(modes[kind], choice.get("name") if kind == "tool" else None), parallel)
