@@ -77,6 +77,9 @@ class StorageConfig:
                                           "(wait_complete), or once it has or the timeout passed (timeout)")
     kv_storage_prefetch_timeout: float = opt(1.0, "prefetch policy timeout: seconds a request waits for its "
                                              "pages from storage")
+    kv_storage_persist_timeout: float = opt(30.0, "a clean shutdown writes what the device and host tiers hold "
+                                            "to storage for at most this many seconds (logged with what was "
+                                            "written); `serve` waits for it beyond --shutdown-timeout")
 
     def __post_init__(self) -> None:
         def check(ok: bool, name: str, why: str) -> None:
@@ -92,5 +95,8 @@ class StorageConfig:
         check(isinstance(self.kv_storage_prefetch_timeout, (int, float)) and
               math.isfinite(self.kv_storage_prefetch_timeout) and self.kv_storage_prefetch_timeout >= 0,
               "kv_storage_prefetch_timeout", "must be a finite number of seconds >= 0")
+        check(isinstance(self.kv_storage_persist_timeout, (int, float)) and
+              0 <= self.kv_storage_persist_timeout <= 3600, "kv_storage_persist_timeout",
+              "must be in [0, 3600] seconds")
         check(self.kv_storage_dir is None or bool(str(self.kv_storage_dir).strip()), "kv_storage_dir",
               "must name a directory")

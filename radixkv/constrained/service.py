@@ -129,8 +129,8 @@ class GrammarService:
                 done = self._take_frames()
                 if self._proc is None:  # those frames settled it (a compile over the memory budget)
                     return done
-                return done + self._lost("the grammar compiler stopped while compiling it (it may need more "
-                                         "memory than grammar_compile_memory allows)")
+                return done + self._lost("the grammar compiler process died while compiling it (a server "
+                                         "error; the request may be retried)", ErrorKind.INTERNAL)
             self._buffer += data
             readable, _, _ = select.select([fd], [], [], 0)
         done = self._take_frames()
@@ -205,15 +205,24 @@ class GrammarService:
                     self._stop_process()
         return done
 
-    def _lost(self, why: str) -> list[tuple[GrammarSpec, Compiled | Refused]]:
-        """The process died or overran: the job it had is refused, the process replaced."""
+    def _lost(self, why: str,
+              kind: ErrorKind = ErrorKind.INVALID_REQUEST) -> list[tuple[GrammarSpec, Compiled | Refused]]:
+        """The process died or overran: the job it had is refused, the process replaced. Only
+        a measured overrun of the budget is the grammar's fault (cached: it costs its budget
+        once); a process that died is the server's (`ErrorKind.INTERNAL`, not cached: the same
+        grammar sent again is compiled again)."""
         if not self._ready:
             return self._fail_start(f"the grammar compiler could not start (exit code {self._proc.poll()})")
         done = []
         if self._inflight is not None:
             spec = self._inflight[1]
-            logger.warning("grammar refused: %s", why)
-            done.append(self._record(spec, Refused(f"sampling_params.{spec.kind}: {why}")))
+            refused = Refused(f"sampling_params.{spec.kind}: {why}", kind)
+            if kind == ErrorKind.INVALID_REQUEST:
+                logger.warning("grammar refused: %s", why)
+                done.append(self._record(spec, refused))
+            else:
+                logger.error("grammar compile failed: %s (exit code %s)", why, self._proc.poll())
+                done.append((spec, refused))
         self._stop_process()
         return done
 

@@ -263,7 +263,7 @@ class PrefixCache(ABC):
 
     def persist(self) -> int:
         """Write what the device and host tiers hold to storage; pages queued (0 without one)."""
-        return self.tiers.persist() if self.reads_storage else 0
+        return self.tiers.persist()[0] if self.reads_storage else 0
 
     def close(self) -> None:
         """At shutdown: persist, then stop the storage tier's threads (nothing without one)."""

@@ -4,7 +4,7 @@ KV-aware routers (NVIDIA Dynamo, llm-d, SGLang's gateway) follow each worker's c
 stream of three events, in the shape SGLang and vLLM publish (`radixkv.sched.kv_events` puts
 them on the wire):
 
-    PagesStored(hashes, parent, token_ids, medium)   pages now held on `medium`
+    PagesStored(hashes, parent, token_ids, medium, namespace)   pages now held on `medium`
     PagesRemoved(hashes, medium)                     pages no longer held there
     AllPagesCleared()                                nothing is held anywhere
 
@@ -14,6 +14,8 @@ namespace (LoRA id, cache salt, tenant), so equal prefixes get equal ids on ever
 every start, an id names its whole prefix, and equal tokens under different namespaces never
 share one. The storage tier keys the same page by the full hash, and a recorded trace lists the
 same ids. 63 bits, so the same number reads as a signed (SGLang) or unsigned (vLLM) 64-bit integer.
+A store also carries its pages' namespace as a digest (`namespace_digest`: None for the shared
+namespace), so a subscriber can tell tenants apart without learning their keys or salts.
 
 Mediums: `GPU` for the device KV pool (the name both references use, whatever the device),
 `CPU` for the host tier. A page may be held on both at once (a write-through copy, or a host
@@ -30,6 +32,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from radixkv.mem import block_hash
 from radixkv.mem.block_hash import block_id
 from radixkv.mem.tree_hashes import node_hashes, parent_hash
 
@@ -51,6 +54,7 @@ class PagesStored:
     parent: int | None
     token_ids: list[int]
     medium: str
+    namespace: str | None = None  # `namespace_digest` of the pages' namespace (None: the shared one)
 
 
 @dataclass(slots=True)
@@ -79,6 +83,18 @@ def parent_id(node: TreeNode, page_size: int) -> int | None:
     return None if h is None else block_id(h)
 
 
+def namespace_digest(namespace: Any) -> str | None:
+    """A namespace as the events name it: 16 hex digits of its chain's root (None stays None)."""
+    return None if namespace is None else block_hash.root(namespace).hex()[:16]
+
+
+def node_namespace(node: TreeNode) -> Any:
+    """The namespace `node` is cached under (the root's children are keyed by it)."""
+    while node.parent is not None and node.parent.parent is not None:
+        node = node.parent
+    return node.child_key[0] if isinstance(node.child_key, tuple) and node.parent is not None else None
+
+
 # -- recording ------------------------------------------------------------------------------------
 @dataclass
 class CacheEventLog:
@@ -94,10 +110,11 @@ class CacheEventLog:
         parent = parent_id(node, self.page_size)
         tail = self._events[-1] if self._events else None
         if isinstance(tail, PagesStored) and tail.medium == medium and tail.hashes[-1] == parent:
-            tail.hashes.extend(hashes)
+            tail.hashes.extend(hashes)  # a chain goes on in one namespace
             tail.token_ids.extend(node.key)
         else:
-            self._events.append(PagesStored(list(hashes), parent, list(node.key), medium))
+            space = namespace_digest(node_namespace(node))
+            self._events.append(PagesStored(list(hashes), parent, list(node.key), medium, space))
 
     def removed(self, node: TreeNode, medium: str, first_page: int = 0) -> None:
         """`node`'s pages from `first_page` on are no longer held on `medium`."""
@@ -137,6 +154,7 @@ class LedgerPage:
     parent: int | None
     token_ids: tuple[int, ...]
     mediums: set[str]
+    namespace: str | None = None
 
 
 class PageLedger:
@@ -156,7 +174,7 @@ class PageLedger:
                 page = self.pages.get(h)
                 if page is None:
                     tokens = tuple(event.token_ids[i * size:(i + 1) * size])
-                    page = self.pages[h] = LedgerPage(parent, tokens, set())
+                    page = self.pages[h] = LedgerPage(parent, tokens, set(), event.namespace)
                 page.mediums.add(event.medium)
                 parent = h
         elif isinstance(event, PagesRemoved):
@@ -192,7 +210,7 @@ class PageLedger:
                     tail.hashes.append(h)
                     tail.token_ids.extend(page.token_ids)
                 else:
-                    out.append(PagesStored([h], page.parent, list(page.token_ids), medium))
+                    out.append(PagesStored([h], page.parent, list(page.token_ids), medium, page.namespace))
         return out
 
     def _held_on(self, medium: str) -> Iterator[tuple[int, LedgerPage]]:

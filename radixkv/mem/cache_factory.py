@@ -62,5 +62,6 @@ def open_storage(config: EngineConfig, model_dir: Path, memory: KVMemory) -> Dis
     pages = host_tier_pages(config.storage.kv_storage_size, config.cache.page_size, row_bytes, "kv_storage_size")
     tier_config = StorageTierConfig(pages, config.cache.page_size, config.storage.kv_storage_write_policy,
                                     config.storage.kv_storage_hit_threshold, config.storage.kv_storage_prefetch_policy,
-                                    config.storage.kv_storage_prefetch_timeout)
+                                    config.storage.kv_storage_prefetch_timeout,
+                                    config.storage.kv_storage_persist_timeout)
     return DiskKVStorage(tier_config, config.storage.kv_storage_dir, identity, shapes)

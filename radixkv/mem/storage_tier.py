@@ -38,7 +38,8 @@ class StorageTierConfig:
     reaches the disk, and it is there before any eviction). `prefetch_policy`: a request whose
     prefix continues in storage is admitted with whatever has arrived (`best_effort`), only
     once all of it has (`wait_complete`), or once it has or `prefetch_timeout` seconds passed
-    (`timeout`)."""
+    (`timeout`). `persist_timeout`: seconds a clean shutdown spends writing what the faster
+    tiers hold (`TierController.persist`)."""
 
     num_pages: int
     page_size: int
@@ -46,6 +47,7 @@ class StorageTierConfig:
     hit_threshold: int = 2
     prefetch_policy: str = "best_effort"
     prefetch_timeout: float = 1.0
+    persist_timeout: float = 30.0
 
     def __post_init__(self) -> None:
         if self.num_pages < 1:
@@ -59,6 +61,8 @@ class StorageTierConfig:
                               f"{list(PREFETCH_POLICIES)}")
         if not self.prefetch_timeout >= 0:
             raise ConfigError(f"kv_storage_prefetch_timeout={self.prefetch_timeout}: must be >= 0 seconds")
+        if not self.persist_timeout >= 0:
+            raise ConfigError(f"kv_storage_persist_timeout={self.persist_timeout}: must be >= 0 seconds")
 
     @property
     def write_through(self) -> bool:

@@ -1,11 +1,9 @@
 """TierController: the one object that moves KV pages between the cache's tiers.
 
-Tiers, top down: the device pool, a host tier (`radixkv.mem.host_tier.HostTier`), and
-optionally a storage tier under it (`radixkv.mem.storage_tier.StorageTier`; on disk,
-`radixkv.mem.disk_storage.DiskKVStorage`). The tiers are small classes that own *where* bytes
-go (their pages, their copies); the tree (`radixkv.mem.radix_cache.RadixCache`) knows where each
-node's pages are; this controller decides *what* moves, and keeps the tree's nodes telling the
-truth about it.
+Tiers, top down: the device pool, a host tier (`host_tier.HostTier`), optionally a storage tier
+(`storage_tier.StorageTier`; on disk, `disk_storage.DiskKVStorage`). The tiers own *where* bytes
+go; the tree (`radix_cache.RadixCache`) knows where each node's pages are; this controller
+decides *what* moves, and keeps the tree's nodes telling the truth about it.
 
 A node is *device-resident* (`pages` set) or *host-only* (`pages == []`, its KV in `host_pages`);
 a host-only node's children are host-only. Stored pages are not in the tree: they are found by
@@ -22,11 +20,11 @@ What moves:
 - *storage -> host* (`prefetch`, then `install`): a read of a match's storage continuation,
   whose arrived pages become a host-only node continuing the request's path; `load_back` then
   reports how many tokens it loaded a prefetch had brought (`MatchResult.from_storage`).
-- `persist` (a clean shutdown) writes what the device and host tiers hold to storage.
+- `persist` (a clean shutdown) writes what the device and host tiers hold to storage, bounded.
 
-Events: a host copy is a store on the `CPU` medium, a host page let go a removal there; a page
-copied back a store on `GPU`; a device eviction records its host store before its device removal
-(a subscriber never sees the page held nowhere). Invariants: `cache_checks.check_host_tier`.
+Events: a host copy is a store on `CPU`, a host page let go a removal there; a page copied back
+a store on `GPU`; a device eviction records its host store before its device removal (a
+subscriber never sees the page held nowhere). Invariants: `cache_checks.check_host_tier`.
 """
 
 from __future__ import annotations
@@ -49,8 +47,7 @@ logger = logging.getLogger(__name__)
 
 
 class TierController:
-    """Moves pages between the device pool of `cache` (a `RadixCache`), `host` and `storage`
-    (see the module docstring)."""
+    """Moves pages between `cache`'s device pool, `host` and `storage` (the module docstring)."""
 
     def __init__(self, cache: Any, host: HostTier, storage: StorageTier | None = None):
         page_size = cache.page_size
@@ -367,19 +364,22 @@ class TierController:
         return self.cache.peek(match.key, match.namespace)
 
     # -- host/device -> storage ----------------------------------------------------------------
-    def persist(self) -> int:
-        """Write every cached prefix that storage does not hold yet (device or host copy),
-        children first (storage's LRU then keeps a prefix longer than what hangs below it), so
-        a restart finds what this process had cached (a clean shutdown calls this; a killed
-        process keeps only what was written before). Returns pages queued."""
-        storage, written = self.storage, 0
+    def persist(self, timeout: float | None = None) -> tuple[int, int]:
+        """Write every cached prefix storage lacks (device or host copy), children first (storage's
+        LRU then keeps a prefix longer than what hangs below it), for at most `timeout` seconds
+        (default: the tier's `persist_timeout`): a clean shutdown's, so a restart finds what this
+        process had cached. Returns (pages queued, pages left unwritten)."""
+        storage, written, left = self.storage, 0, 0
         if not storage.enabled:
-            return 0
+            return 0, 0
+        deadline = time.monotonic() + (storage.config.persist_timeout if timeout is None else timeout)
         for node in reversed(list(self.cache.nodes())):  # children first: parents are then the more recent
             keys = self.keys.of(node)
-            if storage.needs(keys):  # (waits for the writer rather than skip: this is the last chance)
-                written += storage.write(keys, self._rows(node), wait=True)
-        return written
+            if storage.needs(keys) and time.monotonic() > deadline:
+                left += len(keys)
+            elif storage.needs(keys):
+                written += storage.write(keys, self._rows(node), wait=True)  # (waits for room: the last chance)
+        return written, left
 
     def _rows(self, node: TreeNode):
         """The bytes of `node`'s pages, from the host copy if it has one, else the device."""
@@ -390,7 +390,10 @@ class TierController:
 
     def close(self) -> None:
         """Persist what the device and host tiers hold, then stop the storage tier's threads."""
-        pages = self.persist()  # what the device and host tiers hold survives the restart
-        self.storage.close()
-        logger.info("KV storage: %d page(s) written at shutdown; %d page(s) stored in %s", pages,
+        start = time.monotonic()  # (the log says what was written: a restart's hits depend on it)
+        pages, left = self.persist()  # what the device and host tiers hold survives the restart
+        self.storage.close()  # the queued writes land (or fail) before it returns
+        logger.info("KV storage: %d page(s) (%d tokens) written at shutdown in %.1f s%s; %d page(s) stored in %s",
+                    pages, pages * self.page_size, time.monotonic() - start,
+                    f", {left} left unwritten (--kv-storage-persist-timeout)" if left else "",
                     self.storage.stored_pages, self.storage.location)

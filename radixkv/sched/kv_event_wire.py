@@ -11,11 +11,15 @@ two encodings (`KVEventsConfig.encoding`):
     "map" (default; SGLang and vLLM since they dropped `array_like` from their event structs):
         {"type": "BlockStored", "block_hashes": [...], "parent_block_hash": h | None,
          "token_ids": [...], "block_size": page_size, "lora_id": None, "medium": "GPU",
-         "lora_name": None}
+         "lora_name": None, "namespace": "<16 hex digits>" | None}
         {"type": "BlockRemoved", "block_hashes": [...], "medium": "GPU"}
         {"type": "AllBlocksCleared"}
     "array" (their earlier releases): the same fields in that order, as an array after the tag,
-        ["BlockStored", [...], h | None, [...], page_size, None, "GPU", None]
+        ["BlockStored", [...], h | None, [...], page_size, None, "GPU", None, namespace]
+
+`namespace` (ours, after the reference fields: their decoders ignore it; left out when None) is
+the digest of the blocks' cache namespace (`cache_events.namespace_digest`; None: the shared
+one): a tenant's, a salt's or an adapter's blocks are told apart without naming the key or salt.
 
 These are the bytes msgspec writes for the reference structs (`omit_defaults`, tagged; map
 keys in field order): every field a decoder requires is present, optional trailing ones are
@@ -51,6 +55,8 @@ def event_record(event: CacheEvent, page_size: int, encoding: str = "map") -> di
                                   "parent_block_hash": event.parent, "token_ids": event.token_ids,
                                   "block_size": page_size, "lora_id": None, "medium": event.medium,
                                   "lora_name": None}
+        if event.namespace is not None:  # (left out when None, as msgspec's omit_defaults leaves defaults)
+            fields["namespace"] = event.namespace
     elif isinstance(event, PagesRemoved):
         fields = {"type": "BlockRemoved", "block_hashes": event.hashes, "medium": event.medium}
     elif isinstance(event, AllPagesCleared):
@@ -80,13 +86,13 @@ def _event(record: dict[str, Any] | list[Any]) -> CacheEvent:
     else:
         kind, values = record[0], record[1:]
         names = {"BlockStored": ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id",
-                                 "medium"),
+                                 "medium", "lora_name", "namespace"),
                  "BlockRemoved": ("block_hashes", "medium")}.get(kind, ())
         positional = dict(zip(names, values))
         get = positional.get
     if kind == "BlockStored":
         return PagesStored(list(get("block_hashes")), get("parent_block_hash"), list(get("token_ids")),
-                           get("medium"))
+                           get("medium"), get("namespace"))
     if kind == "BlockRemoved":
         return PagesRemoved(list(get("block_hashes")), get("medium"))
     if kind == "AllBlocksCleared":

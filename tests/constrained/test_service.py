@@ -65,3 +65,22 @@ def test_refusals_are_cached_and_say_whose_fault(service):
 def submit(service, spec):
     service.submit(spec)
     return spec
+
+
+def test_a_compiler_killed_mid_compile_is_the_servers_fault_and_not_cached(service):
+    """Found from outside: the worker killed during a compile refused the request with 400 and
+    cached that refusal, so the same valid schema was refused forever after."""
+    assert isinstance(wait_for(service, submit(service, GrammarSpec("regex", "d+"))), Compiled)  # the process is up
+    schema = {"type": "string"}
+    for _ in range(150):  # deep: a compile of about a second, so the kill lands during it
+        schema = {"type": "object", "properties": {"a": schema, "b": {"type": "integer"}}, "required": ["a", "b"]}
+    slow = GrammarSpec("json_schema", json.dumps(schema))
+    service.submit(slow)
+    assert service._inflight is not None and service._inflight[1] == slow
+    service._proc.kill()
+    result = wait_for(service, slow)
+    assert isinstance(result, Refused) and result.kind == ErrorKind.INTERNAL, result
+    assert "died while compiling" in result.message
+    assert service.result(slow) is None  # not cached: sent again, it is compiled again
+    service.submit(slow)
+    assert isinstance(wait_for(service, slow), Compiled)

@@ -153,6 +153,25 @@ def test_sglangs_own_decoder_reads_our_batches():
     assert isinstance(cleared, sglang.AllBlocksCleared)
 
 
+def test_a_store_names_its_namespace_by_digest_and_sglang_still_reads_it():
+    """Each block carries its namespace's digest (tenants told apart, no key or salt shown)."""
+    from radixkv.mem.cache_events import namespace_digest
+
+    space = namespace_digest("principal:abc")
+    assert len(space) == 16 and "abc" not in space and namespace_digest(None) is None
+    events = [PagesStored([11], None, [1, 2], GPU, space)]
+    (stored,) = msgpack.unpackb(encode_batch(events, 1.0, 2))[1]
+    assert stored["namespace"] == space
+    (row,) = msgpack.unpackb(encode_batch(events, 1.0, 2, "array"))[1]
+    assert row[-1] == space
+    for encoding in ("map", "array"):
+        assert decode_batch(encode_batch(events, 1.0, 2, encoding))[1] == events
+    sglang = pytest.importorskip("sglang.srt.disaggregation.kv_events", reason="sglang is not installed here")
+    msgspec = pytest.importorskip("msgspec")
+    decoded = msgspec.msgpack.decode(encode_batch(events, 1.0, 2), type=sglang.KVEventBatch).events[0]
+    assert decoded.block_hashes == [11]
+
+
 # -- the publisher --------------------------------------------------------------------------------
 @pytest.fixture
 def publisher():
