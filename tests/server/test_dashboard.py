@@ -79,3 +79,28 @@ def test_the_dashboard_draws_a_known_workload_and_follows_new_requests(server, b
     browser.get(f"{server.url}/dashboard?interval=soon&nodes=many")  # bad settings: the defaults
     wait_for(lambda: refreshes() >= 1 and nodes_with("zebra crossing"))  # the tab kept its key
     assert text_of("error") == ""
+
+
+def test_a_node_whose_parent_was_not_sent_hangs_under_an_elided_marker(server, browser):
+    """Found from outside: with ~900 cached nodes, the deep nodes among the top ones (their parents
+    not sent) were drawn as top-level columns beside the real root."""
+    browser.get(f"{server.url}/dashboard?interval=3600#key={API_KEY}")
+    wait_for(lambda: int(browser.execute_script("return document.getElementById('updated').dataset.refreshes")) >= 1)
+
+    def node(id, parent, tokens, depth):
+        return {"id": id, "parent": parent, "depth": depth, "tokens": tokens, "preview": f"node {id}", "hits": 1,
+                "last_access": 0, "tier": "device", "lock_ref": 0, "namespace": None, "retained_until": 0}
+
+    tree = {"nodes": [node(1, None, 40, 0), node(2, 1, 10, 40), node(7, 5, 8, 90), node(8, 5, 6, 90),
+                      node(9, 6, 4, 120)], "total_nodes": 9, "total_tokens": 100, "page_size": 1}
+    drawn = browser.execute_script(
+        "drawTree(arguments[0]); const rows = {};"
+        "document.querySelectorAll('#tree rect.node').forEach(r => {"
+        "  rows[r.dataset.nodeId || ('elided ' + r.dataset.elided)] = Number(r.getAttribute('y')); });"
+        "return [rows, document.getElementById('tree-legend').textContent];", tree)
+    rows, legend = drawn
+    top = rows["1"]
+    assert rows["elided 5"] == top and rows["elided 6"] == top  # one marker per parent not sent, at the top
+    assert rows["7"] > top and rows["8"] > top and rows["9"] > top  # the nodes hang under them
+    assert rows["2"] > top
+    assert "2 marker(s)" in legend
