@@ -106,3 +106,43 @@ def test_sharing_by_the_operators_choice(shared):
         tree = c.get("/cache_tree").json()
         assert c.post("/flush_cache").status_code == 403  # several keys and no admin: nobody flushes
     assert tree["nodes"] and all(n["preview"] is None for n in tree["nodes"])  # no other key's text
+
+
+def test_the_events_name_each_tenants_blocks_by_a_digest_never_the_key_or_salt(tmp_path_factory):
+    """Each block the KV events announce carries its namespace's digest: two keys' blocks are told
+    apart, the same prompt under two keys is two sets of blocks, no key or salt is on the wire."""
+    import json
+    import time
+
+    from radixkv.mem.cache_events import PagesStored
+    from radixkv.sched.kv_event_wire import decode_batch
+    from tests.kv_events_helpers import Subscriber, free_port
+
+    config = {"publisher": "zmq", "endpoint": f"tcp://*:{free_port()}", "topic": "kv", "buffer_steps": 64}
+    server = start(tmp_path_factory, "--kv-events-config", json.dumps(config))
+    try:
+        with as_key(server, K1) as c:
+            block = c.get("/server_info").json()["kv_events"]
+        sub = Subscriber(block["endpoint"], None, "kv", 4)
+        try:
+            name = model_name(server)
+            time.sleep(0.5)  # the subscription is live
+            chat(server, K1, model=name)
+            chat(server, K2, model=name)
+            chat(server, K2, model=name, cache_salt=SALT)
+            time.sleep(1.0)
+            sub.receive(500)
+            stored = [e for payload in sub.live.values() for e in decode_batch(payload)[1]
+                      if isinstance(e, PagesStored)]
+            raw = b"".join(sub.live.values())
+        finally:
+            sub.close()
+    finally:
+        stop_server(server)
+    spaces = {e.namespace for e in stored}
+    assert len(spaces) == 3 and None not in spaces  # k1's, k2's, and k2's salted one
+    for secret in (K1, K2, SALT):
+        assert secret.encode() not in raw
+    by_space = {s: {h for e in stored if e.namespace == s for h in e.hashes} for s in spaces}
+    sets = list(by_space.values())
+    assert all(not (a & b) for i, a in enumerate(sets) for b in sets[i + 1:])  # one prompt, never one block
