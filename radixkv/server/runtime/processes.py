@@ -42,6 +42,17 @@ def _detokenizer_main(model_dir: str, endpoints: Endpoints, parent_pid: int, log
     run_then_exit(run_detokenizer_process, model_dir, endpoints, parent_pid, log_level)
 
 
+def exiting(pid: int | None) -> bool:
+    """Whether process `pid` has died but cannot be reaped yet (Linux: state Z, while its
+    other threads finish exiting); False where /proc cannot tell."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    return stat[stat.rindex(b")") + 2:][:1] in (b"Z", b"X")
+
+
 class Children:
     """The scheduler and detokenizer processes."""
 
@@ -63,10 +74,12 @@ class Children:
             proc.start()
 
     def dead(self) -> str | None:
-        """Why the runtime cannot serve, if a child has exited."""
+        """Why the runtime cannot serve, if a child has exited or is exiting (a killed process
+        with threads is a zombie for a while before it can be reaped: `exiting`)."""
         for name, proc in self.procs.items():
-            if not proc.is_alive():
-                return f"the {name} process exited (code {proc.exitcode}); the server is shutting down"
+            if not proc.is_alive() or exiting(proc.pid):
+                code = proc.exitcode if proc.exitcode is not None else "not known yet: it is exiting"
+                return f"the {name} process exited (code {code}); the server is shutting down"
         return None
 
     def stop(self) -> None:
