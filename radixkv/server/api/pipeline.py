@@ -120,13 +120,18 @@ class Serving:
         self.settings = request.app.state.settings
 
     async def handle(self) -> Any:
+        """The pipeline; a bad request's error in the API's own field names (`client_names`),
+        whether the body was refused here or the scheduler refused it (a grammar it cannot run)."""
         try:
-            body = await self.parse()
-            generations = self.scoped(await off_loop(self.build, body))
+            return await self._handle()
         except InvalidRequestError as e:
             if self.client_names is None:
                 raise
             raise InvalidRequestError(in_client_terms(str(e), self.client_names)) from None
+
+    async def _handle(self) -> Any:
+        body = await self.parse()
+        generations = self.scoped(await off_loop(self.build, body))
         with self.manager.admit(len(generations)) as ticket:  # the whole body, or a 4xx before any runs
             for g in generations:
                 g.ticket = ticket
