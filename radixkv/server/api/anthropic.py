@@ -203,7 +203,7 @@ class ContentStream:
         self.text_open = False
         self.blank = ""  # blank text held while no text block is open
         self.calls = 0
-        self.open_call: tuple[str, int, str] | None = None  # (call id, block index, input sent)
+        self.open_call: tuple[str, int] | None = None  # (call id, block index) of the tool_use streaming
 
     def text(self, text: str) -> list[Event]:
         if not self.text_open and not (self.blank + text).strip():
@@ -218,19 +218,14 @@ class ContentStream:
         if isinstance(piece, CallStart):
             events, self.blank = self._close_text(), ""
             index, self.blocks, self.calls = self.blocks, self.blocks + 1, self.calls + 1
-            self.open_call = (piece.id, index, "")
+            self.open_call = (piece.id, index)
             return events + [("content_block_start", {"type": "content_block_start", "index": index, "content_block": {
                 "type": "tool_use", "id": "toolu_" + piece.id.removeprefix("call_"), "name": piece.name, "input": {}}})]
         if isinstance(piece, CallArgs):
-            call_id, index, sent = self.open_call
-            self.open_call = (call_id, index, sent + piece.text)
-            return [delta(index, {"type": "input_json_delta", "partial_json": piece.text})]
+            return [delta(self.open_call[1], {"type": "input_json_delta", "partial_json": piece.text})]
         if self.open_call is not None and self.open_call[0] == piece.id:
-            _, index, sent = self.open_call
-            self.open_call = None
-            rest = piece.arguments[len(sent):] if piece.complete and piece.arguments.startswith(sent) else ""
-            return ([delta(index, {"type": "input_json_delta", "partial_json": rest})] if rest else []) + [
-                ("content_block_stop", {"type": "content_block_stop", "index": index})]
+            index, self.open_call = self.open_call[1], None
+            return [("content_block_stop", {"type": "content_block_stop", "index": index})]
         return self.call(piece) if piece.complete else []
 
     def call(self, call: ToolCall) -> list[Event]:

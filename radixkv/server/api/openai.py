@@ -287,7 +287,7 @@ async def chat_events(manager: TokenizerManager, job: Job, chunks: AsyncIterator
     readers = {j: CallStream(tools, pieces=True) for j in range(len(job.params))} \
         if tools is not None and tools.parses_calls else {}
     calls_sent: dict[int, int] = {}
-    streamed: dict[str, tuple[int, str]] = {}  # call id -> (its index in its choice, its arguments sent)
+    streamed: dict[str, int] = {}  # call id -> its index in its choice, while its arguments stream
 
     def call_deltas(j: int, events: list) -> list[dict[str, Any]]:
         """`tool_calls` delta entries of a choice's call events (`CallStart`, `CallArgs`, `ToolCall`)."""
@@ -295,19 +295,12 @@ async def chat_events(manager: TokenizerManager, job: Job, chunks: AsyncIterator
         for e in events:
             if isinstance(e, CallStart):
                 index = calls_sent.get(j, 0)
-                calls_sent[j], streamed[e.id] = index + 1, (index, "")
+                calls_sent[j], streamed[e.id] = index + 1, index
                 out.append({"index": index, "id": e.id, "type": "function",
                             "function": {"name": e.name, "arguments": ""}})
             elif isinstance(e, CallArgs):
-                index, sent = streamed[e.id]
-                streamed[e.id] = (index, sent + e.text)
-                out.append({"index": index, "function": {"arguments": e.text}})
-            elif e.id in streamed:  # the end of a call whose start went out
-                index, sent = streamed.pop(e.id)
-                rest = e.arguments[len(sent):] if e.arguments.startswith(sent) else ""
-                if rest:
-                    out.append({"index": index, "function": {"arguments": rest}})
-            else:
+                out.append({"index": streamed[e.id], "function": {"arguments": e.text}})
+            elif streamed.pop(e.id, None) is None:  # a call that came whole (a streamed one has gone out)
                 out.append(call_json(e, calls_sent.get(j, 0)))
                 calls_sent[j] = calls_sent.get(j, 0) + 1
         return out

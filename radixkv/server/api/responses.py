@@ -261,7 +261,7 @@ async def response_events(request: Request, turn: Turn, model: str, created: flo
     text_parts: list[str] = []
     reader = CallStream(turn.tools, pieces=True) if turn.tools is not None and turn.tools.parses_calls else None
     got, content, calls = Collected(), [], []
-    streaming: dict[str, tuple[dict[str, Any], str]] = {}  # call id -> (its item, the arguments sent)
+    streaming: dict[str, dict[str, Any]] = {}  # call id -> its item, while its arguments stream
     start = response_object(turn, model, "in_progress", [], None, created)
     yield {"type": "response.created", "response": start}
     yield {"type": "response.in_progress", "response": start}
@@ -303,8 +303,7 @@ async def response_events(request: Request, turn: Turn, model: str, created: flo
                 yield {"type": "response.output_text.delta", "item_id": message["id"],
                        "output_index": output.index(message), "content_index": 0, "delta": piece, "logprobs": []}
             elif isinstance(piece, CallArgs):  # a piece of the arguments, as they come
-                item, sent = streaming[piece.id]
-                streaming[piece.id] = (item, sent + piece.text)
+                item = streaming[piece.id]
                 yield {"type": "response.function_call_arguments.delta", "item_id": item["id"],
                        "output_index": output.index(item), "delta": piece.text}
             else:
@@ -313,17 +312,16 @@ async def response_events(request: Request, turn: Turn, model: str, created: flo
                         yield event
                     item = call_item(ToolCall(piece.id, piece.name, ""), "in_progress")
                     output.append(item)
-                    streaming[piece.id] = (item, "")
+                    streaming[piece.id] = item
                     yield {"type": "response.output_item.added", "output_index": len(output) - 1, "item": dict(item)}
                     if isinstance(piece, CallStart):
                         continue
-                item, sent = streaming.pop(piece.id)
+                    if piece.arguments:  # a call that came whole
+                        yield {"type": "response.function_call_arguments.delta", "item_id": item["id"],
+                               "output_index": len(output) - 1, "delta": piece.arguments}
+                item = streaming.pop(piece.id)
                 index = output.index(item)
                 calls.append(piece)
-                rest = piece.arguments[len(sent):] if piece.arguments.startswith(sent) else ""
-                if rest:
-                    yield {"type": "response.function_call_arguments.delta", "item_id": item["id"],
-                           "output_index": index, "delta": rest}
                 yield {"type": "response.function_call_arguments.done", "item_id": item["id"], "output_index": index,
                        "name": piece.name, "arguments": piece.arguments}
                 item.update(arguments=piece.arguments, status="completed" if piece.complete else "incomplete")

@@ -274,13 +274,16 @@ class CallStream:
     shown, in order: text (str, content) and `ToolCall`s. Text that may start a `<tool_call>`
     is held back until it is known not to; a block's text is held until it closes (a block that
     does not hold a call of one of the tools is shown as text). Whitespace after a call is held
-    too, and dropped if only calls and whitespace follow (the separator between calls)."""
+    too, and dropped if only calls and whitespace follow (the separator between calls).
+
+    With `pieces`, a call streams: its `CallStart` once the tool is named, `CallArgs` pieces
+    that add up to its arguments, then its `ToolCall` under the same id (nothing left to send)."""
 
     def __init__(self, tools: ToolSet, pieces: bool = False):
         self.tools, self.buffer, self.inside, self.called = tools, "", False, False
         self.pieces = pieces  # stream a call's arguments as they come (`CallStart`, `CallArgs`)
         self.started: CallStart | None = None  # the call whose arguments are streaming
-        self.sent = 0  # of its arguments' text
+        self.streamed = ""  # its arguments sent so far
 
     def _stream_arguments(self) -> list[CallStart | CallArgs]:
         """Inside a block: the call's start once its tool is named, then its arguments as far as
@@ -290,23 +293,29 @@ class CallStream:
             return []
         out: list[CallStart | CallArgs] = []
         if self.started is None:
-            self.started, self.sent = CallStart(new_call_id(), head.group(1)), 0
+            self.started, self.streamed = CallStart(new_call_id(), head.group(1)), ""
             out.append(self.started)
         args = self.buffer[head.end():]
         last = args.rfind("}")
         tail = TAIL.match(args, last) if last >= 0 else None
         safe = (last if tail is not None else len(args.rstrip())) if args else 0
-        if safe > self.sent:
-            out.append(CallArgs(self.started.id, args[self.sent:safe]))
-            self.sent = safe
+        if safe > len(self.streamed):
+            out.append(CallArgs(self.started.id, args[len(self.streamed):safe]))
+            self.streamed = args[:safe]
         return out
 
-    def _close(self, call: ToolCall | None) -> ToolCall | None:
-        """The call a block made, under the id its start announced (the arguments as streamed)."""
+    def _close(self, call: ToolCall | None) -> list[CallArgs | ToolCall]:
+        """The call a block made (none: []); one whose start went out comes under its id, after
+        the rest of its arguments."""
         started, self.started = self.started, None
-        if started is None or call is None:
-            return call if started is None else ToolCall(started.id, started.name, "", complete=False)
-        return ToolCall(started.id, call.name, call.arguments, call.complete)
+        if started is None:
+            return [] if call is None else [call]
+        if call is None:
+            return [ToolCall(started.id, started.name, "", complete=False)]
+        sent = self.streamed
+        rest = call.arguments[len(sent):] if call.arguments.startswith(sent) else ""
+        return ([CallArgs(started.id, rest)] if rest else []) + [ToolCall(started.id, call.name, call.arguments,
+                                                                          call.complete)]
 
     def push(self, text: str) -> list[str | ToolCall]:
         self.buffer += text
@@ -332,10 +341,10 @@ class CallStream:
                 return out + (self._stream_arguments() if self.pieces else [])
             block = self.buffer[: end + len(CALL_CLOSE)]
             self.buffer, self.inside = self.buffer[end + len(CALL_CLOSE):], False
-            call = self._close(parse_call(block[len(CALL_OPEN): -len(CALL_CLOSE)].strip(), self.tools,
-                                          raw=self.started is not None))
-            out.append(call or block)
-            self.called = call is not None
+            closed = self._close(parse_call(block[len(CALL_OPEN): -len(CALL_CLOSE)].strip(), self.tools,
+                                            raw=self.started is not None))
+            out += closed or [block]
+            self.called = bool(closed)
 
     def finish(self) -> list[str | ToolCall]:
         """What is left once the output ended: an unclosed block is a call if it holds a whole
@@ -344,8 +353,7 @@ class CallStream:
         if self.inside:
             self.inside = False
             body = rest[len(CALL_OPEN):].strip()
-            call = self._close(parse_call(body, self.tools, raw=self.started is not None) or cut_call(body, self.tools))
-            return [call] if call is not None else []
+            return self._close(parse_call(body, self.tools, raw=self.started is not None) or cut_call(body, self.tools))
         if not rest or (self.called and not rest.strip()):
             return []
         return [rest]
