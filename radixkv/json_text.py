@@ -14,6 +14,7 @@ from typing import Any
 
 from radixkv.errors import InvalidRequestError
 
+_CONTAINER_TYPES = (dict, list)  # what JSON parses objects and arrays into
 MAX_DEPTH = 64
 """Deepest nesting of objects and arrays accepted in a request (a body, or JSON text in one of
 its fields); real tool schemas and chat messages nest a dozen levels at most."""
@@ -21,19 +22,25 @@ its fields); real tool schemas and chat messages nest a dozen levels at most."""
 
 def depth_path(value: Any, limit: int = MAX_DEPTH) -> list[str] | None:
     """The path (keys and indices) to the first container nested deeper than `limit`, or None
-    when `value` nests `limit` levels or fewer. Iterative: any depth is safe to check."""
-    stack: list[tuple[Any, int, list[str]]] = [(value, 1, [])]
+    when `value` nests `limit` levels or fewer. Iterative: any depth is safe to check. It runs
+    on every request body, so it only visits containers (a list of 32k token ids is one pass
+    of a comprehension) and spells out a path only for the container it reports."""
+    if not isinstance(value, _CONTAINER_TYPES):
+        return None
+    stack: list[tuple[Any, int, Any]] = [(value, 1, None)]  # (container, depth, (parent's trail, step))
     while stack:
-        item, depth, path = stack.pop()
-        if isinstance(item, dict):
-            children = [(v, f".{k}") for k, v in item.items()]
-        elif isinstance(item, list):
-            children = [(v, f"[{i}]") for i, v in enumerate(item)]
-        else:
-            continue
+        item, depth, trail = stack.pop()
         if depth > limit:
-            return path
-        stack.extend((v, depth + 1, path + [step]) for v, step in children if isinstance(v, (dict, list)))
+            path = []
+            while trail is not None:
+                trail, step = trail
+                path.append(step)
+            return path[::-1]
+        deeper = depth + 1
+        if isinstance(item, dict):
+            stack.extend((v, deeper, (trail, f".{k}")) for k, v in item.items() if isinstance(v, _CONTAINER_TYPES))
+        else:
+            stack.extend((v, deeper, (trail, f"[{i}]")) for i, v in enumerate(item) if isinstance(v, _CONTAINER_TYPES))
     return None
 
 
