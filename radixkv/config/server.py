@@ -97,11 +97,10 @@ class ServerConfig:
               f"--responses-store-size={self.responses_store_size}: must be >= 0 (0 stores nothing)")
         check(self.responses_store_ttl > 0, f"--responses-store-ttl={self.responses_store_ttl}: must be > 0 seconds")
         try:
-            memory = parse_size(str(self.responses_store_memory))
+            self.responses_store_bytes
         except ConfigError:
-            memory = -1
-        check(memory >= 0, f"--responses-store-memory={self.responses_store_memory!r}: give bytes with a unit "
-                           f"(e.g. 256MiB, 1GB)")
+            raise ConfigError(f"--responses-store-memory={self.responses_store_memory!r}: give bytes with a unit "
+                              f"(e.g. 256MiB, 1GB)") from None
         check(isinstance(self.max_queued_requests, int) and 1 <= self.max_queued_requests <= 1 << 20,
               f"--max-queued-requests {self.max_queued_requests}: must be in 1..{1 << 20}")
         check(isinstance(self.dp, int) and 1 <= self.dp <= MAX_DP, f"--dp {self.dp}: must be in 1..{MAX_DP}")
@@ -114,6 +113,10 @@ class ServerConfig:
               f"--dp-max-restarts {self.dp_max_restarts}: must be in 0..1000")
         check(self.router == "embedded" or self.dp > 1,
               "--router chooses the router in front of --dp N workers; give --dp 2 or more")
+
+    @property
+    def responses_store_bytes(self) -> int:
+        return parse_size(str(self.responses_store_memory))
 
     @property
     def api_keys(self) -> tuple[str, ...]:

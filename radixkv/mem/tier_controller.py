@@ -367,22 +367,23 @@ class TierController:
     def persist(self, timeout: float | None = None) -> tuple[int, int]:
         """Write every cached prefix storage lacks (device or host copy), children first (storage's
         LRU then keeps a prefix longer than what hangs below it), for at most `timeout` seconds
-        (default: the tier's `persist_timeout`): a clean shutdown's, so a restart finds what this
-        process had cached. Returns (pages queued, pages left unwritten)."""
+        (default: `persist_timeout`), so a restart finds it. Returns (pages queued, left unwritten)."""
         storage, written, left = self.storage, 0, 0
         if not storage.enabled:
-            return 0, 0
+            return written, left
         deadline = time.monotonic() + (storage.config.persist_timeout if timeout is None else timeout)
         for node in reversed(list(self.cache.nodes())):  # children first: parents are then the more recent
             keys = self.keys.of(node)
-            if storage.needs(keys) and time.monotonic() > deadline:
+            if not storage.needs(keys):
+                continue
+            if time.monotonic() > deadline:
                 left += len(keys)
-            elif storage.needs(keys):
+            else:
                 written += storage.write(keys, self._rows(node), wait=True)  # (waits for room: the last chance)
         return written, left
 
     def _rows(self, node: TreeNode):
-        """The bytes of `node`'s pages, from the host copy if it has one, else the device."""
+        """The bytes of `node`'s pages: its host copy if it has one, else the device's."""
         return self.host.rows(node.host_pages) if node.host_pages is not None else self.host.device_rows(node.pages)
 
     def storage_stats(self) -> dict[str, Any]:
@@ -390,8 +391,7 @@ class TierController:
 
     def close(self) -> None:
         """Persist what the device and host tiers hold, then stop the storage tier's threads."""
-        start = time.monotonic()  # (the log says what was written: a restart's hits depend on it)
-        pages, left = self.persist()  # what the device and host tiers hold survives the restart
+        start, (pages, left) = time.monotonic(), self.persist()  # what they hold survives a restart (logged)
         self.storage.close()  # the queued writes land (or fail) before it returns
         logger.info("KV storage: %d page(s) (%d tokens) written at shutdown in %.1f s%s; %d page(s) stored in %s",
                     pages, pages * self.page_size, time.monotonic() - start,

@@ -169,7 +169,6 @@ def serve(config: EngineConfig, server: ServerConfig) -> int:
     """Run the server until SIGTERM (drains) or SIGINT; returns the process exit code. Both
     configs validated themselves (each check names the flag at fault); the address is checked
     free here, before anything loads."""
-    from radixkv.kv_bytes import parse_size
     from radixkv.logs import setup_logging
     from radixkv.model.model_dir import resolve_model_dir
     from radixkv.procs import exit_now, quiet_compute_threads
@@ -187,7 +186,7 @@ def serve(config: EngineConfig, server: ServerConfig) -> int:
     settings = ServerSettings(name, server.api_keys, server.admin_key, server.cache_sharing,
                               server.max_body_bytes or DEFAULT_MAX_BODY_BYTES, server.shutdown_timeout,
                               server.responses_store_size, server.responses_store_ttl,
-                              parse_size(server.responses_store_memory), server.max_queued_requests)
+                              server.responses_store_bytes, server.max_queued_requests)
     quiet_compute_threads()  # the HTTP process only tokenizes and routes; children set their own
     if "torch" in sys.modules:  # (the tokenizer may bring it in later; quiet_compute_threads covers that)
         sys.modules["torch"].set_num_threads(1)

@@ -58,9 +58,9 @@ class Children:
 
     def __init__(self, config: EngineConfig, endpoints: Endpoints):
         ctx = multiprocessing.get_context("spawn")  # no inherited threads or torch state
-        storage = config.storage.kv_storage_dir is not None and config.cache.host_kv_size is not None
         # a clean stop lets the scheduler write its tiers to storage (bounded) before it is signalled
-        self.persist_seconds = config.storage.kv_storage_persist_timeout + CHILD_EXIT_SECONDS if storage else 0.0
+        self.persist_seconds = (config.storage.kv_storage_persist_timeout + CHILD_EXIT_SECONDS
+                                if config.storage.kv_storage_dir is not None else 0.0)
         me = os.getpid()
         self.procs = {
             "scheduler": ctx.Process(target=_scheduler_main, args=(config, endpoints, me),
