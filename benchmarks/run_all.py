@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import time
@@ -233,13 +234,21 @@ def storage_tier_table() -> str | None:
     if not d:
         return None
     disk, w, even = d["disk"], d["warm_restart"], d["break_even"]
-    m = w["median"]
-    out = (f"| time to first token, {w['prompt_tokens']:,}-token prompt | ms | vs cold |\n|---|---|---|\n"
-           f"| cold: a new process, no storage tier | {m['cold'] * 1e3:,.0f} | 1.00x |\n"
-           f"| restart: a new process on the directory the last one filled (cold page cache) | "
-           f"{m['restart'] * 1e3:,.0f} | {w['restart_over_cold']:.2f}x |\n"
-           f"| warm: the same prompt again in one process (device hit) | {m['warm'] * 1e3:,.0f} | "
-           f"{w['warm_over_cold']:.2f}x |\n\n"
+    m, n = w["median"], w["prompt_tokens"]
+    out = (f"| time to first token, {n:,}-token prompt | ms | vs cold | from storage |\n|---|---|---|---|\n"
+           f"| cold: a new process, no storage tier | {m['cold'] * 1e3:,.0f} | 1.00x | |\n")
+    for flags, ratio in w["restart_over_cold"].items():
+        named = "defaults" if flags == "{}" else ", ".join(f"`--{k.replace('_', '-')} {v}`"
+                                                          for k, v in json.loads(flags).items())
+        got = statistics.median(w["storage_hit_tokens"][flags])
+        gbs = [g for g in w["load_gbs"][flags] if g]
+        out += (f"| restart ({named}): a new process on the directory the last one filled (cold page cache; "
+                f"reads {statistics.median(gbs) if gbs else 0:.2f} GB/s) | {m[f'restart {flags}'] * 1e3:,.0f} | "
+                f"{ratio:.2f}x | {got:,.0f} of {n:,} tokens |\n")
+    out += (f"| host-tier hit: the prompt again after another pushed it to the host tier | {m['host'] * 1e3:,.0f} | "
+            f"{w['host_over_cold']:.2f}x | |\n"
+            f"| warm: the same prompt again in one process (device hit) | {m['warm'] * 1e3:,.0f} | "
+            f"{w['warm_over_cold']:.2f}x | |\n\n"
            "| prompt tokens | recompute (TTFT) | read from disk (TTFT) | disk / recompute |\n|---|---|---|---|\n")
     for r in even["rows"]:
         out += (f"| {r['tokens']:,} | {r['recompute_ttft'] * 1e3:,.0f} ms | {r['storage_ttft'] * 1e3:,.0f} ms | "

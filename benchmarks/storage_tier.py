@@ -4,9 +4,14 @@
    cold (the file's pages dropped from it first with posix_fadvise).
 2. Warm restart: time to first token of one `--prompt-tokens` prompt (default 2,000) in a new
    process whose storage directory a previous process filled (`restart`), next to a new process
-   without the tier (`cold`) and the same prompt again in one process (`warm`, a device hit).
-   Every process first serves an unrelated prompt, so start-up work is not counted. Goal:
-   restart <= 0.3x cold.
+   without the tier (`cold`), the same prompt again in one process (`warm`, a device hit) and
+   after another prompt pushed it to the host tier (`host`). The restart runs the defaults a
+   user gets (`--host-kv-size` and `--kv-storage-dir`, nothing else) first, then each
+   `--restart-flags` row (default: the `best_effort` prefetch policy, the default before).
+   Every process first serves an unrelated prompt, so start-up work is not counted; the
+   storage files are dropped from the page cache before each restart. Goals: restart <= 0.3x
+   cold with >= 90% of the prompt from storage; a host hit <= 0.2x cold. The load bandwidth the
+   tier's reads got (checks included) is reported next to the raw disk read.
 3. Break-even: TTFT of prompts of several lengths computed (`recompute`) and read back from
    disk (`storage`, cold page cache), in one process: the shortest prefix for which loading
    beats recomputing.
@@ -44,6 +49,8 @@ def parse_args(argv):
     p.add_argument("--lengths", type=number_list(int, positive=True), default=[64, 256, 1024, 2000],
                    help="break-even prompt lengths (default 64,256,1024,2000)")
     p.add_argument("--repeats", type=int, default=3, help="processes per warm-restart case (median; default 3)")
+    p.add_argument("--restart-flags", nargs="*", default=['{"kv_storage_prefetch_policy": "best_effort"}'],
+                   help="extra warm-restart rows, each engine options as JSON beside the defaults")
     p.add_argument("--disk-mib", type=int, default=256, help="bandwidth test file size (default 256 MiB)")
     p.add_argument("--dir", type=Path, default=None, help="where to put storage (default: a temporary folder)")
     p.add_argument("--host-multiplier", type=float, default=2.0, help="replay: host tier / device (default 2)")
@@ -52,8 +59,9 @@ def parse_args(argv):
     p.add_argument("--tflops", type=float, default=0.1, help="replay: prefill compute rate, TFLOP/s (default 0.1)")
     p.add_argument("--skip-replay", action="store_true", help="leave out the trace replay")
     p.add_argument("--json", type=Path, default=RESULTS / "storage_tier.json", help="results file")
-    p.add_argument("--child", choices=("serve", "break-even"), help=argparse.SUPPRESS)
+    p.add_argument("--child", choices=("serve", "host", "break-even"), help=argparse.SUPPRESS)
     p.add_argument("--child-storage", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--child-options", default="{}", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     check_replay_args(p, args)
     if args.prompt_tokens < 16 or args.repeats < 1 or args.disk_mib < 1:
@@ -111,9 +119,14 @@ def child(args) -> None:
 
     storage = args.child_storage
     pool = max(8192, 2 * max([args.prompt_tokens, *args.lengths]))
-    options = dict(max_total_tokens=pool, page_size=16, progress=False, log_level="warning")
+    if args.child == "host":  # a pool for one prompt: the next one pushes it to the host tier
+        pool = args.prompt_tokens + 64
+    options = dict(max_total_tokens=pool, progress=False, log_level="warning")
+    if storage or args.child == "host":
+        options.update(host_kv_size=str(4 * pool))
     if storage:
-        options.update(host_kv_size=str(pool), kv_storage_dir=storage, kv_storage_prefetch_policy="wait_complete")
+        options.update(kv_storage_dir=storage)
+    options.update(json.loads(args.child_options))
     engine = Engine(**options)
     one = {"max_new_tokens": 1, "temperature": 0.0}
     try:
@@ -122,6 +135,13 @@ def child(args) -> None:
         if args.child == "serve":
             ids = prompt_ids(tok, args.prompt_tokens)
             first = engine.generate(input_ids=ids, sampling_params=one)["meta_info"]
+            again = engine.generate(input_ids=ids, sampling_params=one)["meta_info"]
+            print(json.dumps({"first": first, "again": again, "stats": engine.get_stats()}))
+            return
+        if args.child == "host":
+            ids, other = prompt_ids(tok, args.prompt_tokens), prompt_ids(tok, args.prompt_tokens, salt="other-")
+            first = engine.generate(input_ids=ids, sampling_params=one)["meta_info"]
+            engine.generate(input_ids=other, sampling_params=one)  # pushes the first to the host tier
             again = engine.generate(input_ids=ids, sampling_params=one)["meta_info"]
             print(json.dumps({"first": first, "again": again}))
             return
@@ -146,9 +166,9 @@ def child(args) -> None:
         engine.shutdown()
 
 
-def run_child(args, mode: str, storage: Path | None) -> dict:
+def run_child(args, mode: str, storage: Path | None, options: str = "{}") -> dict:
     cmd = [sys.executable, str(HERE), "--child", mode, "--prompt-tokens", str(args.prompt_tokens),
-           "--lengths", ",".join(map(str, args.lengths))]
+           "--lengths", ",".join(map(str, args.lengths)), "--child-options", options]
     if storage is not None:
         cmd += ["--child-storage", str(storage)]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
@@ -158,23 +178,29 @@ def run_child(args, mode: str, storage: Path | None) -> dict:
 
 
 def warm_restart(args, root: Path) -> dict:
-    cases = {"cold": [], "warm": [], "restart": []}
-    storage_tokens = []
+    rows = ["{}", *args.restart_flags]  # the defaults first
+    cases = {"cold": [], "warm": [], "host": [], **{f"restart {flags}": [] for flags in rows}}
+    storage_tokens = {flags: [] for flags in rows}
+    load_gbs = {flags: [] for flags in rows}
     for i in range(args.repeats):
         cold = run_child(args, "serve", None)
         cases["cold"].append(cold["first"]["ttft"])
         cases["warm"].append(cold["again"]["ttft"])
-        directory = root / f"restart-{i}"
-        run_child(args, "serve", directory)  # fills the directory, then shuts down cleanly
-        for path in directory.glob("*.kvp"):
-            drop_page_cache(path)
-        restarted = run_child(args, "serve", directory)
-        cases["restart"].append(restarted["first"]["ttft"])
-        storage_tokens.append(restarted["first"]["cached_tokens_details"]["storage"])
+        cases["host"].append(run_child(args, "host", None)["again"]["ttft"])
+        for j, flags in enumerate(rows):
+            directory = root / f"restart-{i}-{j}"
+            run_child(args, "serve", directory, flags)  # fills the directory, then shuts down cleanly
+            for path in directory.glob("*.kvp"):
+                drop_page_cache(path)
+            restarted = run_child(args, "serve", directory, flags)
+            cases[f"restart {flags}"].append(restarted["first"]["ttft"])
+            storage_tokens[flags].append(restarted["first"]["cached_tokens_details"]["storage"])
+            load_gbs[flags].append(restarted["stats"].get("storage_read_gbs"))
     med = {k: statistics.median(v) for k, v in cases.items()}
     return {"prompt_tokens": args.prompt_tokens, "ttft_seconds": cases, "median": med,
-            "restart_over_cold": med["restart"] / med["cold"], "warm_over_cold": med["warm"] / med["cold"],
-            "storage_hit_tokens": storage_tokens}
+            "restart_over_cold": {flags: med[f"restart {flags}"] / med["cold"] for flags in rows},
+            "warm_over_cold": med["warm"] / med["cold"], "host_over_cold": med["host"] / med["cold"],
+            "storage_hit_tokens": storage_tokens, "load_gbs": load_gbs}
 
 
 def break_even(args, root: Path) -> dict:
@@ -225,9 +251,14 @@ def main(argv=None) -> int:
         restart = warm_restart(args, root)
         med = restart["median"]
         print(f"TTFT of a {args.prompt_tokens}-token prompt (median of {args.repeats} processes): cold "
-              f"{med['cold'] * 1e3:.0f} ms, restart with storage {med['restart'] * 1e3:.0f} ms "
-              f"({restart['restart_over_cold']:.2f}x cold), warm in process {med['warm'] * 1e3:.0f} ms "
-              f"({restart['warm_over_cold']:.2f}x)")
+              f"{med['cold'] * 1e3:.0f} ms; warm in process {med['warm'] * 1e3:.0f} ms "
+              f"({restart['warm_over_cold']:.2f}x cold); host-tier hit {med['host'] * 1e3:.0f} ms "
+              f"({restart['host_over_cold']:.2f}x)")
+        for flags, ratio in restart["restart_over_cold"].items():
+            gbs = [g for g in restart["load_gbs"][flags] if g]
+            print(f"  restart {'(defaults)' if flags == '{}' else flags}: {med[f'restart {flags}'] * 1e3:.0f} ms "
+                  f"({ratio:.2f}x cold), from storage {restart['storage_hit_tokens'][flags]} tokens, load "
+                  f"{statistics.median(gbs) if gbs else 0:.2f} GB/s (disk read {disk['read_cold_gbs']:.2f} cold)")
         even = break_even(args, root)
     print(f"{'tokens':>8}{'recompute ms':>14}{'from disk ms':>14}")
     for r in even["rows"]:

@@ -72,9 +72,14 @@ class StorageConfig:
                                        "tier lets them go) or write-through-selective (once hit "
                                        "--kv-storage-hit-threshold times)")
     kv_storage_hit_threshold: int = opt(2, "write-through-selective: hits before a prefix is written to storage")
-    kv_storage_prefetch_policy: str = opt("best_effort", "a request whose prefix continues in storage is "
-                                          "admitted with what has arrived (best_effort), once all of it has "
-                                          "(wait_complete), or once it has or the timeout passed (timeout)")
+    kv_storage_block_size: int | None = opt(None, "tokens per block the storage tier stores, reads and checks "
+                                            "as one (a multiple of --page-size); default: 64 rounded up to "
+                                            "whole pages", metavar="TOKENS")
+    kv_storage_prefetch_policy: str = opt("auto", "a request whose prefix continues in storage waits for the "
+                                          "read while reading the rest is measured to be cheaper than "
+                                          "computing it (auto), is admitted with what has arrived "
+                                          "(best_effort), once all of it has (wait_complete), or once it has "
+                                          "or the timeout passed (timeout)")
     kv_storage_prefetch_timeout: float = opt(1.0, "prefetch policy timeout: seconds a request waits for its "
                                              "pages from storage")
     kv_storage_persist_timeout: float = opt(30.0, "a clean shutdown writes what the device and host tiers hold "
@@ -90,6 +95,9 @@ class StorageConfig:
               f"must be one of {list(STORAGE_WRITE_POLICIES)}")
         check(isinstance(self.kv_storage_hit_threshold, int) and self.kv_storage_hit_threshold >= 1,
               "kv_storage_hit_threshold", "must be an integer >= 1")
+        check(self.kv_storage_block_size is None or (isinstance(self.kv_storage_block_size, int)
+                                                     and 1 <= self.kv_storage_block_size <= 4096),
+              "kv_storage_block_size", "must be an integer in [1, 4096] tokens")
         check(self.kv_storage_prefetch_policy in STORAGE_PREFETCH_POLICIES, "kv_storage_prefetch_policy",
               f"must be one of {list(STORAGE_PREFETCH_POLICIES)}")
         check(isinstance(self.kv_storage_prefetch_timeout, (int, float)) and

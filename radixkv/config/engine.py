@@ -49,6 +49,10 @@ class EngineConfig:
             if cache.host_kv_size is None:
                 raise ConfigError(f"kv_storage_dir={storage.kv_storage_dir!r}: needs a host tier (--host-kv-size): "
                                   "pages reach storage from the host tier and come back through it")
+            block = storage.kv_storage_block_size
+            if block is not None and block % cache.page_size:
+                raise ConfigError(f"kv_storage_block_size={block!r}: must be a multiple of page_size "
+                                  f"({cache.page_size})")
             if runtime.tp_size != 1:
                 raise ConfigError(f"kv_storage_dir={storage.kv_storage_dir!r}: is not supported with tp_size > 1 yet")
         if self.spec.speculative_algorithm is not None and runtime.tp_size != 1:

@@ -11,7 +11,8 @@ from radixkv.errors import ConfigError
 SCHEDULE_POLICIES = ("lpm", "fcfs", "dfs-weight")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 STORAGE_WRITE_POLICIES = ("write-back", "write-through-selective")
-STORAGE_PREFETCH_POLICIES = ("best_effort", "wait_complete", "timeout")
+STORAGE_PREFETCH_POLICIES = ("auto", "best_effort", "wait_complete", "timeout")
+STORAGE_BLOCK_TOKENS = 64  # tokens per stored block by default (rounded up to whole pages)
 SPECULATIVE_ALGORITHMS = ("ngram", "radix", "draft")
 EVICTION_POLICIES = ("lru", "lfu", "fifo", "reuse", "reuse-cost")
 """The online eviction policies by name (built by `radixkv.mem.eviction.make_policy`)."""

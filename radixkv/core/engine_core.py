@@ -65,10 +65,11 @@ class EngineCore:
         eos = tokenizer.eos_token_ids if tokenizer else frozenset()
         self.eos_ids = frozenset(eos) | frozenset(runner.model_config.eos_token_ids)
         self.cache = make_cache_manager(config, self.memory, runner.model_config.attention_scale, runner.model_dir)
-        prefetcher = Prefetcher(self.cache, config.storage.kv_storage_prefetch_policy,
-                                config.storage.kv_storage_prefetch_timeout) if self.cache.reads_storage else None
-        self.cache.track_evicted()  # remember evicted pages, to tell an evicted prefix from a new one
         self.stats = SchedulerStats()
+        prefetcher = Prefetcher(self.cache, config.storage.kv_storage_prefetch_policy,
+                                config.storage.kv_storage_prefetch_timeout,
+                                self.stats.prefill_rate) if self.cache.reads_storage else None
+        self.cache.track_evicted()  # remember evicted pages, to tell an evicted prefix from a new one
         self.proposer = self._proposer(config)
         self.scheduler = Scheduler(config, self.memory, self.cache, self.limits, self.eos_ids, tokenizer,
                                    self.proposer, prefetcher, self.stats)

@@ -207,19 +207,19 @@ class PrefixCache(ABC):
 
     def prefetch(self, match: MatchResult) -> Prefetch | None:
         """Start reading `match`'s storage continuation (a peek's `storage_tokens`); None if none."""
-        return self.tiers.prefetch(match) if self.reads_storage else None
+        return self.tiers.stored.prefetch(match) if self.reads_storage else None
 
     def install(self, prefetch: Prefetch) -> int:
         """Put what `prefetch` has brought so far into the host tier; tokens installed."""
-        return self.tiers.install(prefetch)
+        return self.tiers.stored.install(prefetch)
 
     def cancel_prefetch(self, prefetch: Prefetch) -> None:
         """The request `prefetch` read for left the queue: its read is dropped."""
-        self.tiers.cancel_prefetch(prefetch)
+        self.tiers.stored.cancel_prefetch(prefetch)
 
     def load_from_storage(self, match: MatchResult) -> MatchResult:
         """`prefetch` and `install` at once, waiting for the read (simulators); the new peek."""
-        return self.tiers.load_from_storage(match) if self.reads_storage else match
+        return self.tiers.stored.load_from_storage(match) if self.reads_storage else match
 
     def record_events(self) -> None:
         """From now on, record every change to which pages the cache holds (KV events)."""
@@ -239,7 +239,7 @@ class PrefixCache(ABC):
 
     def storage_stats(self) -> dict[str, Any]:
         """The storage tier's sizes and counters; `storage_enabled: False` without one."""
-        return self.tiers.storage_stats() if self.reads_storage else {"storage_enabled": False}
+        return self.tiers.stored.stats() if self.reads_storage else {"storage_enabled": False}
 
     @property
     def stats_host_loaded_tokens(self) -> int:
@@ -254,7 +254,7 @@ class PrefixCache(ABC):
     @property
     def stats_storage_loaded_tokens(self) -> int:
         """Tokens installed from storage into the host tier."""
-        return 0 if self.tiers is None else self.tiers.storage_loaded_tokens
+        return self.tiers.stored.loaded_tokens if self.reads_storage else 0
 
     @property
     def stats_storage_hit_tokens(self) -> int:
@@ -263,12 +263,12 @@ class PrefixCache(ABC):
 
     def persist(self) -> int:
         """Write what the device and host tiers hold to storage; pages queued (0 without one)."""
-        return self.tiers.persist()[0] if self.reads_storage else 0
+        return self.tiers.stored.persist()[0] if self.reads_storage else 0
 
     def close(self) -> None:
         """At shutdown: persist, then stop the storage tier's threads (nothing without one)."""
         if self.reads_storage:
-            self.tiers.close()
+            self.tiers.stored.close()
 
     # -- a request's life ----------------------------------------------------------------------
     def aligned(self, num_tokens: int) -> int:

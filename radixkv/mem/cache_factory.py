@@ -13,6 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import torch
+
 from radixkv.kv_bytes import host_tier_pages
 from radixkv.mem.allocator import PageAllocator
 from radixkv.mem.base import PrefixCache
@@ -20,10 +22,11 @@ from radixkv.mem.disk_storage import DiskKVStorage
 from radixkv.mem.eviction import EvictionPolicy
 from radixkv.mem.host_tier import HostTier
 from radixkv.mem.kv_memory import KVMemory
+from radixkv.mem.kv_pool import KVPool
 from radixkv.mem.no_cache import NoCache
 from radixkv.mem.storage_identity import model_fingerprint, storage_identity
 from radixkv.mem.radix_cache import RadixCache
-from radixkv.mem.storage_tier import StorageTier, StorageTierConfig
+from radixkv.mem.storage_tier import StorageTier, StorageTierConfig, block_tokens
 
 if TYPE_CHECKING:
     from radixkv.config import EngineConfig
@@ -53,14 +56,21 @@ def make_cache_manager(config: EngineConfig, memory: KVMemory, attention_scale: 
                              disabled=config.cache.disable_radix_cache, storage=storage)
 
 
+def block_shapes(pool: KVPool, per_block: int) -> list[tuple[tuple[int, ...], torch.dtype]]:
+    """(shape, dtype) of each storage tensor's rows in one stored page: `per_block` device pages."""
+    return [((per_block, *shape), dtype) for shape, dtype in pool.page_shapes()]
+
+
 def open_storage(config: EngineConfig, model_dir: Path, memory: KVMemory) -> DiskKVStorage:
     """The storage tier `--kv-storage-dir` asks for, over `memory`'s pool."""
     pool = memory.pool
-    shapes = pool.page_shapes()
-    identity = storage_identity(model_fingerprint(model_dir), config.cache.kv_cache_dtype, config.cache.page_size, shapes)
-    row_bytes = sum(t.numel() // t.shape[0] * t.element_size() for tensors in pool.storage for t in tensors)
-    pages = host_tier_pages(config.storage.kv_storage_size, config.cache.page_size, row_bytes, "kv_storage_size")
-    tier_config = StorageTierConfig(pages, config.cache.page_size, config.storage.kv_storage_write_policy,
+    block = block_tokens(config.storage.kv_storage_block_size, config.cache.page_size)
+    per_block = block // config.cache.page_size
+    shapes = block_shapes(pool, per_block)
+    identity = storage_identity(model_fingerprint(model_dir), config.cache.kv_cache_dtype, block, shapes)
+    row_bytes = per_block * sum(t.numel() // t.shape[0] * t.element_size() for tensors in pool.storage for t in tensors)
+    pages = host_tier_pages(config.storage.kv_storage_size, block, row_bytes, "kv_storage_size")
+    tier_config = StorageTierConfig(pages, block, config.storage.kv_storage_write_policy,
                                     config.storage.kv_storage_hit_threshold, config.storage.kv_storage_prefetch_policy,
                                     config.storage.kv_storage_prefetch_timeout,
                                     config.storage.kv_storage_persist_timeout)

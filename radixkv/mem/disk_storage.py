@@ -7,9 +7,12 @@ File format (one run per file, `<identity>-<first page key>.kvp`, both in hex):
 A page's key is its block hash (`radixkv.mem.block_hash`), the same for every model; the
 storage `identity` (`radixkv.mem.storage_identity`: model, KV format, page size, pool layout)
 keeps each model's pages apart, in the file's name and its header. The header holds the
-identity, the page size, the bytes per page, and per page its key (hex) and CRC-32; the payload is the pages back to back, each page the rows of every
-storage tensor of the pool in order (codes and scales alike: a quantised pool is stored
-quantised).
+identity, the page size, the bytes per page, and per page its key (hex) and CRC-32; the
+payload is the pages back to back, each page the rows of every storage tensor of the pool in
+order (codes and scales alike: a quantised pool is stored quantised). A stored page is a block
+of several device pages (`storage_tier.block_tokens`), so a page's key, check and read cover
+64 tokens by default; consecutive pages of a run are read with one read call per
+`READ_CHUNK` bytes, and the bandwidth those reads get (checks included) is measured.
 
 Crash safety. A file is written under a temporary name and renamed into place, so a reader
 never sees half a file under a real name; temporary files left by a killed server are deleted
@@ -37,6 +40,7 @@ import queue
 import re
 import struct
 import threading
+import time
 import zlib
 from collections.abc import Sequence
 from pathlib import Path
@@ -56,6 +60,7 @@ OURS_UNFINISHED = re.compile(r"^(?:(?:[0-9a-f]{32}-)?[0-9a-f]{32}\.kvp|\.probe)\
 _HEAD = struct.Struct("<I")
 MAX_HEADER = 64 << 20
 MAX_PENDING_BYTES = 512 << 20  # rows queued for the writer at most; past it writes are skipped (or wait)
+READ_CHUNK = 32 << 20  # bytes one read call asks for at most (pages arrive chunk by chunk)
 
 
 def _as_bytes(t: torch.Tensor) -> memoryview:
@@ -77,6 +82,7 @@ class DiskKVStorage(StorageTier):
         self._row_bytes = [int(torch.Size(shape).numel()) * torch.empty((), dtype=dtype).element_size()
                            for shape, dtype in self.page_shapes]
         self.page_bytes = sum(self._row_bytes)
+        self._chunk_pages = max(1, READ_CHUNK // max(self.page_bytes, 1))
         self._lock = threading.RLock()
         self._pending: set[bytes] = set()
         self._pending_bytes = 0
@@ -243,9 +249,10 @@ class DiskKVStorage(StorageTier):
             page = b"".join(_as_bytes(r[j]) for r in rows)
             assert len(page) == self.page_bytes, (len(page), self.page_bytes)
             pages.append(page)
+        crc = [zlib.crc32(p) for p in pages]
         header = json.dumps({"identity": self.identity.hex(), "page_size": self.page_size,
                              "page_bytes": self.page_bytes, "keys": [k.hex() for k in keys],
-                             "crc": [zlib.crc32(p) for p in pages]}).encode()
+                             "crc": crc}).encode()
         final = self.directory / f"{self.identity.hex()}-{keys[0].hex()}{SUFFIX}"
         tmp = self.directory / f"{final.name}{TMP_MARK}{os.getpid()}"
         try:
@@ -259,7 +266,7 @@ class DiskKVStorage(StorageTier):
             raise
         offset = len(MAGIC) + _HEAD.size + len(header)
         run = Run(final.name, keys, offset + len(pages) * self.page_bytes,
-                  {"path": final, "crc": [zlib.crc32(p) for p in pages], "offset": offset})
+                  {"path": final, "crc": crc, "offset": offset})
         with self._lock:  # (no run has this id: its first key was neither held nor pending)
             self._register(run)
 
@@ -293,19 +300,27 @@ class DiskKVStorage(StorageTier):
 
     def _read(self, fetch: Fetch) -> None:
         files: dict[int, Any] = {}  # id(run) -> its open file
+        keys, i = fetch.keys, 0
         try:
-            for key in fetch.keys:
+            while i < len(keys):
                 if fetch.cancelled or not self.enabled:
                     return
                 with self._lock:
-                    held = self._index.get(key)
-                    if held is not None:
-                        self._runs.move_to_end(held[0].id)
-                if held is None:
-                    return  # evicted since the request looked
-                run, i = held
-                page = self._read_page(run, i, files)
-                if page is None:  # gone (evicted since it was looked up) or failed its check
+                    held = self._index.get(keys[i])
+                    if held is None:
+                        return  # evicted since the request looked
+                    run, first = held
+                    self._runs.move_to_end(run.id)
+                n = 1  # the keys that go on in the same run, read with one call
+                while (i + n < len(keys) and n < self._chunk_pages and first + n < len(run.keys)
+                       and run.keys[first + n] == keys[i + n]):
+                    n += 1
+                pages = self._read_pages(run, first, n, files)
+                for page in pages:
+                    fetch.add(page)
+                self.counters["read_pages"] += len(pages)
+                self.counters["bytes_read"] += len(pages) * self.page_bytes
+                if len(pages) < n:  # gone (evicted since it was looked up) or failed its check
                     with self._lock:
                         still = self._runs.get(run.id) is run
                     if still:
@@ -313,31 +328,40 @@ class DiskKVStorage(StorageTier):
                         logger.warning("KV storage: %s failed its check; deleted, read as a miss", run.id)
                         self._drop_run(run, evicted=False)
                     return
-                fetch.pages.append(page)
-                fetch.arrived += 1
-                self.counters["read_pages"] += 1
-                self.counters["bytes_read"] += self.page_bytes
+                i += n
         finally:
             for f in files.values():
                 f.close()
 
-    def _read_page(self, run: Run, i: int, files: dict[str, Any]) -> list[torch.Tensor] | None:
-        """Page `i` of `run` as one tensor per storage tensor; None if it is torn or corrupt."""
-        meta = run.meta
+    def _read_pages(self, run: Run, first: int, n: int, files: dict[int, Any]) -> list[list[torch.Tensor]]:
+        """Pages `first` to `first + n` of `run`, each as one tensor per storage tensor (views
+        of one buffer), read with one call; stops before the first torn or corrupt page."""
+        meta, size = run.meta, self.page_bytes
+        start = time.perf_counter()
         try:
             f = files.get(id(run))
             if f is None:
                 f = files[id(run)] = open(meta["path"], "rb")
-            f.seek(meta["offset"] + i * self.page_bytes)
-            data = bytearray(self.page_bytes)
-            if f.readinto(data) != self.page_bytes or zlib.crc32(data) != meta["crc"][i]:
-                return None
+                if hasattr(os, "posix_fadvise"):  # the kernel reads the rest of the run ahead meanwhile
+                    os.posix_fadvise(f.fileno(), meta["offset"] + first * size, 0, os.POSIX_FADV_WILLNEED)
+            f.seek(meta["offset"] + first * size)
+            data = torch.empty(n * size, dtype=torch.uint8)  # (not zeroed: the read fills it)
+            view = memoryview(data.numpy()).cast("B")
+            got = f.readinto(view) or 0
         except OSError:
-            return None
-        out, at = [], 0
-        for (shape, dtype), n in zip(self.page_shapes, self._row_bytes):
-            out.append(torch.frombuffer(data, dtype=torch.uint8, count=n, offset=at).view(dtype).reshape(shape))
-            at += n
+            return []
+        out = []
+        for j in range(min(n, got // size)):
+            if zlib.crc32(view[j * size:(j + 1) * size]) != meta["crc"][first + j]:
+                break
+            page, at = [], j * size
+            for (shape, dtype), nbytes in zip(self.page_shapes, self._row_bytes):
+                page.append(data[at:at + nbytes].view(dtype).reshape(shape))
+                at += nbytes
+            out.append(page)
+        if out:
+            rate = len(out) * size / max(time.perf_counter() - start, 1e-6)
+            self.read_bandwidth = rate if self.read_bandwidth is None else 0.7 * self.read_bandwidth + 0.3 * rate
         return out
 
     # -- life ----------------------------------------------------------------------------------
@@ -347,7 +371,8 @@ class DiskKVStorage(StorageTier):
 
     def stats(self) -> dict[str, Any]:
         return {**super().stats(), "storage_dir": str(self.directory), "storage_foreign_files": self.foreign_files,
-                "storage_pending_pages": len(self._pending)}
+                "storage_pending_pages": len(self._pending), "storage_block_tokens": self.page_size,
+                "storage_read_gbs": None if self.read_bandwidth is None else round(self.read_bandwidth / 1e9, 3)}
 
     def flush(self) -> None:
         """Wait until every queued write is on disk (or failed)."""

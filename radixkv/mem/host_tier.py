@@ -6,6 +6,11 @@ memory. `HostTier` itself moves no bytes (the trace simulator uses it to count t
 `HostKVTier` keeps real copies of every storage tensor of a `KVPool` (codes and scales alike, so
 a quantised pool is kept quantised), in pinned memory when the device is CUDA.
 
+The host tier's memory is written once, in a background thread, as soon as it is allocated: a
+page's first write otherwise pays the kernel's page fault, which made the first load of a
+restart's prefix from storage cost 5x its copy. Copies wait for that thread (it runs while the
+model warms up).
+
 A save is synchronous (the device pages it reads may be reused right after); a load is queued
 on the device's current stream, so the forward that reads the pages runs after it while the CPU
 goes on scheduling (on CPU both are plain memcpys).
@@ -13,6 +18,7 @@ goes on scheduling (on CPU both are plain memcpys).
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -77,9 +83,15 @@ class HostTier:
         """As `rows`, read from the device pool's `device_pages`."""
         return None
 
-    def put_pages(self, host_pages: Sequence[int], pages: Sequence[list[torch.Tensor]]) -> None:
-        """Put `pages` (one entry per page: its rows of every storage tensor, as a storage read
-        returns them) into `host_pages` (already allocated)."""
+    def join_blocks(self, parts: Sequence[list[torch.Tensor] | None], per_block: int) -> list[torch.Tensor] | None:
+        """`parts` (`rows` or `device_rows` of consecutive pages, in order) as stored pages of
+        `per_block` device pages each: one tensor `[n, per_block, *shape]` per storage tensor."""
+        return None
+
+    def put_blocks(self, host_pages: Sequence[int], blocks: Sequence[list[torch.Tensor]], skip: int) -> None:
+        """Put the device pages of `blocks` (stored pages as a storage read returns them: each
+        its rows `[per_block, *shape]` of every storage tensor), from the `skip`-th on, into
+        `host_pages` (already allocated): one copy per storage tensor."""
 
 
 class HostKVTier(HostTier):
@@ -95,12 +107,25 @@ class HostKVTier(HostTier):
         # one extra page (index 0) mirrors the allocator's reserved padding page
         self.storage = [torch.empty((config.num_pages + 1, *shape), dtype=dtype, pin_memory=pin)
                         for shape, dtype in pool.page_shapes()]
+        self._touched = threading.Event()  # set once every page was written (mapped by the kernel)
+        if pin:  # pinned memory is mapped when allocated
+            self._touched.set()
+        else:
+            threading.Thread(target=self._touch, name="host-tier-touch", daemon=True).start()
+
+    def _touch(self) -> None:
+        try:
+            for t in self.storage:
+                t.zero_()
+        finally:
+            self._touched.set()
 
     @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.storage)
 
     def save(self, device_pages, host_pages) -> None:
+        self._touched.wait()
         super().save(device_pages, host_pages)
         src = torch.tensor(list(device_pages), dtype=torch.int64, device=self.pool.device)
         dst = torch.tensor(list(host_pages), dtype=torch.int64)
@@ -110,6 +135,7 @@ class HostKVTier(HostTier):
             self.journal.host_save(device_pages, host_pages)
 
     def rows(self, host_pages):
+        self._touched.wait()
         src = torch.tensor(list(host_pages), dtype=torch.int64)
         return [host.index_select(0, src) for host in self.storage]
 
@@ -117,12 +143,24 @@ class HostKVTier(HostTier):
         src = torch.tensor(list(device_pages), dtype=torch.int64, device=self.pool.device)
         return [data.to("cpu") for data in self.pool.read_pages(src)]
 
-    def put_pages(self, host_pages, pages) -> None:
+    def join_blocks(self, parts, per_block):
+        joined = [torch.cat(rows) if len(rows) > 1 else rows[0] for rows in zip(*parts)]
+        return [t.view(t.shape[0] // per_block, per_block, *t.shape[1:]) for t in joined]
+
+    def put_blocks(self, host_pages, blocks, skip) -> None:
+        self._touched.wait()
         dst = torch.tensor(list(host_pages), dtype=torch.int64)
-        for host, rows in zip(self.storage, zip(*pages)):
-            host.index_copy_(0, dst, torch.stack(rows).to(host.dtype))
+        at = 0  # host pages filled so far
+        for block in blocks:  # straight from each block's rows: no gathered copy in between
+            rows = block[0].shape[0]
+            take = min(rows - skip, len(host_pages) - at)
+            part = dst[at:at + take]
+            for host, data in zip(self.storage, block):
+                host.index_copy_(0, part, data[skip:skip + take].to(host.dtype))
+            at, skip = at + take, 0
 
     def load(self, host_pages, device_pages) -> None:
+        self._touched.wait()
         super().load(host_pages, device_pages)
         src = torch.tensor(list(host_pages), dtype=torch.int64)
         dst = torch.tensor(list(device_pages), dtype=torch.int64, device=self.pool.device)

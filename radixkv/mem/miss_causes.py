@@ -86,7 +86,8 @@ def explain(cache: Any, prompt: Sequence[int], namespace: Any, device: int, host
                 if h not in ghosts:
                     break
                 at += size
-            out["evicted"] = at - served
+        at = max(at, _evicted_blocks(cache, key, at, namespace))
+        out["evicted"] = at - served
     other = _other_namespace(cache, key, namespace)
     if other > at:
         out["namespace"], at = other - at, other
@@ -98,6 +99,24 @@ def explain(cache: Any, prompt: Sequence[int], namespace: Any, device: int, host
         at += out["page_tail"]
     out["new"] = len(key) - at
     return out
+
+
+def _evicted_blocks(cache: Any, key: tuple, at: int, namespace: Any) -> int:
+    """Where the run of stored pages the storage tier evicted goes on to from token `at`: it
+    names a stored page (a block of several device pages) by the block's hash, not the pages'."""
+    block = cache.tiers.stored.block if cache.reads_storage else cache.page_size
+    if block == cache.page_size:
+        return at
+    start = at // block * block
+    prev = block_hash.root(namespace)
+    for prev in block_hash.chain(prev, key[:start], block):
+        pass
+    end = start
+    for h in block_hash.chain(prev, key[start:], block):
+        if h not in cache.ghosts:
+            break
+        end += block
+    return end
 
 
 def retokenized(cache: Any, prompt: Sequence[int], namespace: Any, causes: dict[str, int],

@@ -147,7 +147,7 @@ class RadixCache(PrefixCache):
         key = self.tree.as_key(key)
         node, pos, pages, host = self.tree.match(key, namespace)
         match = MatchResult(pages, pos, node, host, key=key, namespace=namespace, epoch=self.epoch)
-        return match if self.tiers is None else self.tiers.storage_continuation(match)
+        return match if not self.reads_storage else self.tiers.stored.storage_continuation(match)
 
     def continuation(self, key: Sequence[int], namespace: Namespace = None, limit: int = 8) -> list[int]:
         return self.tree.continuation(key, namespace, limit)

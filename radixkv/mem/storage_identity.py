@@ -49,6 +49,6 @@ def storage_identity(model: dict[str, Any], kv_cache_dtype: str, page_size: int,
                      page_shapes: Sequence[tuple[tuple[int, ...], Any]]) -> bytes:
     """The identity every key of one server's storage tier is seeded with (see the module
     docstring); `page_shapes` is the pool's `(shape per page, dtype)` of each storage tensor."""
-    described = {"format": 1, "model": model, "kv_cache_dtype": kv_cache_dtype, "page_size": page_size,
+    described = {"format": 2, "model": model, "kv_cache_dtype": kv_cache_dtype, "page_size": page_size,
                  "tensors": [[list(shape), str(dtype)] for shape, dtype in page_shapes]}
     return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).digest()[:IDENTITY_BYTES]

@@ -10,9 +10,16 @@ already held, so runs never overlap. Eviction drops whole runs, least recently u
 `radixkv.mem.disk_storage.DiskKVStorage` keeps every run in a file of a directory and
 survives restarts.
 
+A stored page is a *block* of `page_size` tokens of its own, a whole number of the device
+pool's pages (`block_tokens`: 64 by default, whatever the device page size): one key, one
+check and one read per block, not per device page (SGLang's HiCache stores 64-token pages
+under a page-1 device pool the same way). The tier controller groups device pages into blocks.
+
 Reads are *fetches*: `fetch(keys)` starts reading the pages of `keys` (a prefix's
 continuation, in order) and returns a `Fetch` whose leading `arrived` pages are ready. Here a
-fetch is done at once; on disk it runs in a thread while the request waits for admission.
+fetch is done at once; on disk it runs in a thread while the request waits for admission,
+and the tier measures the bandwidth its reads get (`read_bandwidth`), which the `auto`
+prefetch policy weighs against computing the same tokens.
 """
 
 from __future__ import annotations
@@ -25,33 +32,48 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from radixkv.config import STORAGE_PREFETCH_POLICIES as PREFETCH_POLICIES
+from radixkv.config.fields import STORAGE_BLOCK_TOKENS
 from radixkv.config import STORAGE_WRITE_POLICIES as WRITE_POLICIES
 from radixkv.errors import ConfigError
 
 
+def block_tokens(requested: int | None, device_page_size: int) -> int:
+    """Tokens per stored page: `requested` (a multiple of the device page size), or by
+    default `STORAGE_BLOCK_TOKENS` rounded up to whole device pages."""
+    if requested is not None:
+        if requested < 1 or requested % device_page_size:
+            raise ConfigError(f"kv_storage_block_size={requested}: must be a multiple of page_size ({device_page_size})")
+        return requested
+    return -(-STORAGE_BLOCK_TOKENS // device_page_size) * device_page_size
+
+
 @dataclass(frozen=True, slots=True)
 class StorageTierConfig:
-    """`num_pages` pages of `page_size` tokens at most.
+    """`num_pages` stored pages (blocks) of `page_size` tokens at most (a multiple of the
+    device pool's page size: see `block_tokens`).
 
     `write_policy`: a page goes to storage when the host tier lets it go (`write-back`), or as
     soon as it has been hit `hit_threshold` times (`write-through-selective`: only hot data
     reaches the disk, and it is there before any eviction). `prefetch_policy`: a request whose
-    prefix continues in storage is admitted with whatever has arrived (`best_effort`), only
-    once all of it has (`wait_complete`), or once it has or `prefetch_timeout` seconds passed
-    (`timeout`). `persist_timeout`: seconds a clean shutdown spends writing what the faster
+    prefix continues in storage waits while reading the rest costs less than computing it
+    (`auto`: see `radixkv.sched.prefetch`), is admitted with whatever has arrived
+    (`best_effort`), only once all of it has (`wait_complete`), or once it has or
+    `prefetch_timeout` seconds passed (`timeout`). `persist_timeout`: seconds a clean shutdown spends writing what the faster
     tiers hold (`TierController.persist`)."""
 
     num_pages: int
     page_size: int
     write_policy: str = "write-back"
     hit_threshold: int = 2
-    prefetch_policy: str = "best_effort"
+    prefetch_policy: str = "auto"
     prefetch_timeout: float = 1.0
     persist_timeout: float = 30.0
 
     def __post_init__(self) -> None:
         if self.num_pages < 1:
             raise ConfigError(f"storage tier: num_pages must be >= 1, got {self.num_pages}")
+        if self.page_size < 1:
+            raise ConfigError(f"storage tier: page_size must be >= 1, got {self.page_size}")
         if self.write_policy not in WRITE_POLICIES:
             raise ConfigError(f"kv_storage_write_policy={self.write_policy!r}: must be one of {list(WRITE_POLICIES)}")
         if self.hit_threshold < 1:
@@ -76,11 +98,17 @@ class Fetch:
 
     def __init__(self, keys: Sequence[bytes]):
         self.keys = list(keys)
-        self.started = time.monotonic()
+        self.started = self.last_arrival = time.monotonic()
         self.pages: list[Any] = []
         self.arrived = 0
         self.done = False
         self.cancelled = False
+
+    def add(self, page: Any) -> None:
+        """One more page has arrived (the reader's thread)."""
+        self.pages.append(page)
+        self.arrived += 1
+        self.last_arrival = time.monotonic()
 
     @property
     def complete(self) -> bool:
@@ -90,7 +118,8 @@ class Fetch:
         self.cancelled = True
 
     def ready(self, policy: str, timeout: float, now: float | None = None) -> bool:
-        """Whether a request waiting on this fetch may be admitted under `policy`."""
+        """Whether a request waiting on this fetch may be admitted under `policy` (`auto` is
+        the prefetcher's to decide: here it waits for the whole read)."""
         if self.done:
             return True
         if policy == "best_effort":  # with what has arrived, once anything has
@@ -136,6 +165,8 @@ class StorageTier:
         self._ids = itertools.count()
         self.stored_pages = 0
         self.on_evict: Callable[[list[bytes]], None] | None = None  # told the keys of each run evicted
+        self.page_bytes = 0  # bytes per stored page (0 where the tier keeps no bytes)
+        self.read_bandwidth: float | None = None  # bytes/s its reads get, once measured (None: not yet)
         self.counters = {"written_pages": 0, "read_pages": 0, "evicted_pages": 0, "bytes_written": 0,
                          "bytes_read": 0, "prefetches": 0, "prefetches_complete": 0, "prefetches_partial": 0,
                          "prefetches_failed": 0, "corrupt_files": 0, "write_errors": 0, "skipped_pages": 0}
@@ -222,8 +253,7 @@ class StorageTier:
             if held is None:
                 break
             self._runs.move_to_end(held[0].id)
-            fetch.pages.append(None)
-            fetch.arrived += 1
+            fetch.add(None)
         self.counters["read_pages"] += fetch.arrived
         fetch.done = True
         return fetch

@@ -7,7 +7,9 @@ decides *what* moves, and keeps the tree's nodes telling the truth about it.
 
 A node is *device-resident* (`pages` set) or *host-only* (`pages == []`, its KV in `host_pages`);
 a host-only node's children are host-only. Stored pages are not in the tree: they are found by
-their block hash (`radixkv.mem.tree_hashes`).
+their block hash; what moves to and from storage is the `StorageMover`'s
+(`radixkv.mem.storage_mover`, `stored`), which this controller calls when the host tier lets a
+node go or a node gets hot.
 
 What moves:
 - *device -> host* (`demote`): an evicted tail is copied to host pages (unless a write-through
@@ -17,10 +19,8 @@ What moves:
 - *host LRU*: when the host tier is full, the least recently used host-only leaves leave the
   tree for good; with a storage tier they are written there first (*write-back*), or, with
   `write-through-selective`, a node is written once it has been hit `hit_threshold` times.
-- *storage -> host* (`prefetch`, then `install`): a read of a match's storage continuation,
-  whose arrived pages become a host-only node continuing the request's path; `load_back` then
-  reports how many tokens it loaded a prefetch had brought (`MatchResult.from_storage`).
-- `persist` (a clean shutdown) writes what the device and host tiers hold to storage, bounded.
+- *storage -> host*, and a clean shutdown's `persist`: `StorageMover`; `load_back` reports how
+  many tokens it loaded a prefetch had brought (`MatchResult.from_storage`).
 
 Events: a host copy is a store on `CPU`, a host page let go a removal there; a page copied back
 a store on `GPU`; a device eviction records its host store before its device removal (a
@@ -29,9 +29,6 @@ subscriber never sees the page held nowhere). Invariants: `cache_checks.check_ho
 
 from __future__ import annotations
 
-import itertools
-import logging
-import time
 from dataclasses import replace
 from typing import Any
 
@@ -39,11 +36,11 @@ from radixkv.mem.base import MatchResult
 from radixkv.mem.cache_events import CPU, GPU
 from radixkv.mem.host_lru import HostLRU
 from radixkv.mem.host_tier import HostTier
-from radixkv.mem.storage_tier import Prefetch, StorageTier
+from radixkv.mem.storage_mover import StorageMover
+from radixkv.mem.storage_tier import StorageTier
 from radixkv.mem.tree_hashes import TreeHashes
 from radixkv.mem.tree_node import TreeNode
 
-logger = logging.getLogger(__name__)
 
 
 class TierController:
@@ -53,16 +50,14 @@ class TierController:
         page_size = cache.page_size
         if host.page_size != page_size:
             raise ValueError(f"host tier page_size {host.page_size} != cache page_size {page_size}")
-        if storage is not None and storage.page_size != page_size:
-            raise ValueError(f"storage page_size {storage.page_size} != cache page_size {page_size}")
         self.cache, self.host, self.storage = cache, host, storage
         self.page_size = page_size
         self.keys = TreeHashes(page_size)
         self.lru = HostLRU()
         self.host_loaded_tokens = 0  # host -> device, for requests
         self.host_evicted_tokens = 0  # dropped from the host tier
-        self.storage_loaded_tokens = 0  # storage -> host, installed for requests
-        self.storage_hit_tokens = 0  # of those, loaded on to the device by a request
+        self.storage_hit_tokens = 0  # tokens storage brought, loaded on to the device by a request
+        self.stored = StorageMover(self, storage) if storage is not None else None
         if storage is not None:
             storage.on_evict = self._storage_evicted
 
@@ -96,9 +91,9 @@ class TierController:
         storage = self.storage
         if storage is not None and hit and storage.config.write_through \
                 and node.hit_count >= storage.config.hit_threshold and storage.enabled:
-            keys = self.keys.of(node)
-            if storage.needs(keys):
-                storage.write(keys, self._rows(node))
+            keys, start = self.stored.block_keys(node)
+            if keys and storage.needs(keys):
+                storage.write(keys, self.stored.block_rows(node, start, len(keys)))
 
     def release(self, node: TreeNode) -> None:
         """`node` leaves the tree for good: its host pages go too. (No event: a device leaf is
@@ -216,11 +211,12 @@ class TierController:
         """Remove a host-only leaf from the tree and the host tier (written back to storage first)."""
         assert not node.on_device and not node.children
         cache, storage = self.cache, self.storage
-        keys = self.keys.of(node) if storage is not None or cache.ghosts is not None else None  # (hashed once asked)
-        if storage is not None and not storage.config.write_through and storage.needs(keys):
-            storage.write(keys, self.host.rows(node.host_pages))
-        if cache.ghosts is not None and (storage is None or storage.needs(keys)):  # (not kept below either)
-            cache.ghosts.add(keys)
+        stored, start = self.stored.block_keys(node) if storage is not None else ([], 0)
+        kept = bool(stored) and not storage.needs(stored)
+        if stored and not storage.config.write_through and not kept:
+            kept = bool(storage.write(stored, self.stored.block_rows(node, start, len(stored))))
+        if cache.ghosts is not None and not kept:  # (not kept below either)
+            cache.ghosts.add(self.keys.of(node))
         cache.epoch += 1
         parent = node.parent
         del parent.children[node.child_key]
@@ -245,96 +241,7 @@ class TierController:
                 "host_saved_tokens": host.saved_tokens, "host_loaded_tokens": host.loaded_tokens,
                 "host_evicted_tokens": self.host_evicted_tokens}
 
-    # -- storage -> host -----------------------------------------------------------------------
-    def storage_continuation(self, match: MatchResult) -> MatchResult:
-        """`match` (a peek) with how far its key goes on in storage after the device and host
-        parts (`storage_tokens`), hashing only as far as storage holds the pages."""
-        storage, tree = self.storage, self.cache.tree
-        end = match.num_tokens + match.host_tokens
-        if storage is None or not storage.stored_pages or not storage.enabled or end >= len(match.key):
-            return match
-        prev = self.keys.before(tree, match.key, end, match.namespace)
-        if prev is None or not storage.holds(next(self.keys.after(prev, match.key[end:end + self.page_size]))):
-            return match
-        held = storage.held_run(self.keys.after(prev, match.key[end:]))
-        return replace(match, storage_tokens=held * self.page_size)
-
-    def prefetch(self, match: MatchResult) -> Prefetch | None:
-        """Start reading `match`'s storage continuation (a peek's `storage_tokens`); None if it has none."""
-        if not match.storage_tokens:
-            return None
-        start = match.num_tokens + match.host_tokens
-        prev = self.keys.before(self.cache.tree, match.key, start, match.namespace)
-        if prev is None:
-            return None
-        pages = match.storage_tokens // self.page_size
-        keys = list(itertools.islice(self.keys.after(prev, match.key[start:]), pages))
-        return Prefetch(self.storage.fetch(keys), match.key, match.namespace, start)
-
-    def cancel_prefetch(self, prefetch: Prefetch) -> None:
-        """A request dropped its read (it left the queue)."""
-        prefetch.fetch.cancel()
-        self.storage.finished(prefetch.fetch, 0)
-
-    def install(self, prefetch: Prefetch) -> int:
-        """Put the pages of `prefetch` that have arrived into the host tier, continuing the
-        request's path in the tree; returns the tokens installed. Pages the tree has gained
-        since are skipped; a path that lost its prefix since takes none."""
-        fetch = prefetch.fetch
-        arrived = fetch.arrived  # (the reader may add more meanwhile: these are what we use)
-        installed = self._install(prefetch, arrived) if arrived else 0
-        self.storage.finished(fetch, installed // self.page_size)
-        fetch.cancel()  # whatever is still to come is not used
-        return installed
-
-    def _install(self, prefetch: Prefetch, arrived: int) -> int:
-        cache, size, key = self.cache, self.page_size, prefetch.key
-        match = cache.settle(cache.peek(key, prefetch.namespace))
-        end = match.num_tokens + match.host_tokens
-        if end < prefetch.start:
-            return 0  # the prefix it continues is no longer held
-        skip = (end - prefetch.start) // size
-        if skip >= arrived:
-            return 0
-        path = cache.host_path(match)
-        parent = path[-1] if path else match.last_node
-        assert parent.end == end, (parent.end, end)
-        for node in path:  # making host room must not drop the path we attach to
-            self.lru.pin(node)
-        try:
-            host_pages = self._host_alloc(arrived - skip)
-        finally:
-            for node in path:
-                self.lru.unpin(node)
-        if not host_pages:
-            return 0
-        n = len(host_pages)
-        pages = prefetch.fetch.pages[skip:skip + n]
-        if pages[0] is not None:  # the bytes (a tier that keeps none reads None)
-            try:
-                self.host.put_pages(host_pages, pages)
-            except BaseException:
-                self.host.allocator.decref(host_pages)  # the copy failed: nothing was installed
-                raise
-        now = cache._tick()
-        ck = cache.tree.child_key(parent, key, end, prefetch.namespace)
-        assert ck not in parent.children, "a continuation the walk would have matched"
-        leaf = TreeNode(key[end:end + n * size], [], parent, now)
-        leaf.host_pages, leaf.from_storage = host_pages, True
-        leaf.block_hashes = prefetch.fetch.keys[skip:skip + n]
-        leaf.child_key = ck
-        cache.epoch += 1  # keys through here now match further (on the host)
-        if parent.host_candidate is not None:
-            self.lru.drop(parent)
-        parent.children[ck] = leaf
-        cache.policy.on_access(leaf, now, False)
-        self.lru.add(leaf)
-        if cache.events is not None:
-            cache.events.stored(leaf, CPU)
-        self.storage_loaded_tokens += n * size
-        return n * size
-
-    def _host_alloc(self, need: int) -> list[int]:
+    def host_alloc(self, need: int) -> list[int]:
         """Up to `need` host pages, making room by the host LRU, then by dropping the host
         copies of device-resident nodes (least recently used first: the device keeps the KV,
         a later eviction copies it again)."""
@@ -352,48 +259,3 @@ class TierController:
         take = min(need, host.allocator.free_pages)
         return host.allocator.alloc(take) if take else []
 
-    def load_from_storage(self, match: MatchResult) -> MatchResult:
-        """Fetch and install `match`'s storage continuation at once (the simulator's prefetch,
-        which waits for it); the new peek."""
-        prefetch = self.prefetch(match)
-        if prefetch is None:
-            return match
-        while not prefetch.fetch.done:
-            time.sleep(0.0005)
-        self.install(prefetch)
-        return self.cache.peek(match.key, match.namespace)
-
-    # -- host/device -> storage ----------------------------------------------------------------
-    def persist(self, timeout: float | None = None) -> tuple[int, int]:
-        """Write every cached prefix storage lacks (device or host copy), children first (storage's
-        LRU then keeps a prefix longer than what hangs below it), for at most `timeout` seconds
-        (default: `persist_timeout`), so a restart finds it. Returns (pages queued, left unwritten)."""
-        storage, written, left = self.storage, 0, 0
-        if not storage.enabled:
-            return written, left
-        deadline = time.monotonic() + (storage.config.persist_timeout if timeout is None else timeout)
-        for node in reversed(list(self.cache.nodes())):  # children first: parents are then the more recent
-            keys = self.keys.of(node)
-            if not storage.needs(keys):
-                continue
-            if time.monotonic() > deadline:
-                left += len(keys)
-            else:
-                written += storage.write(keys, self._rows(node), wait=True)  # (waits for room: the last chance)
-        return written, left
-
-    def _rows(self, node: TreeNode):
-        """The bytes of `node`'s pages: its host copy if it has one, else the device's."""
-        return self.host.rows(node.host_pages) if node.host_pages is not None else self.host.device_rows(node.pages)
-
-    def storage_stats(self) -> dict[str, Any]:
-        return self.storage.stats() | {"storage_loaded_tokens": self.storage_loaded_tokens}
-
-    def close(self) -> None:
-        """Persist what the device and host tiers hold, then stop the storage tier's threads."""
-        start, (pages, left) = time.monotonic(), self.persist()  # what they hold survives a restart (logged)
-        self.storage.close()  # the queued writes land (or fail) before it returns
-        logger.info("KV storage: %d page(s) (%d tokens) written at shutdown in %.1f s%s; %d page(s) stored in %s",
-                    pages, pages * self.page_size, time.monotonic() - start,
-                    f", {left} left unwritten (--kv-storage-persist-timeout)" if left else "",
-                    self.storage.stored_pages, self.storage.location)

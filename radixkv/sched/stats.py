@@ -47,6 +47,12 @@ class SchedulerStats:
         self.host_hit_tokens += host_tokens
         self.storage_hit_tokens += storage_tokens
 
+    def prefill_rate(self) -> float | None:
+        """Prompt tokens computed per second of extend steps (a mixed step's decode rows
+        included, so it errs low); None before any."""
+        seconds = self.step_seconds["extend"]
+        return self.prefill_tokens / seconds if self.prefill_tokens and seconds > 0 else None
+
     def record_causes(self, causes: dict[str, int]) -> None:
         """One admitted prompt's tokens by cause (`radixkv.mem.miss_causes`)."""
         for cause, n in causes.items():

@@ -22,6 +22,7 @@ from radixkv.errors import ConfigError
     (StorageConfig, "kv_storage_write_policy", "always"),
     (StorageConfig, "kv_storage_hit_threshold", 0),
     (StorageConfig, "kv_storage_prefetch_timeout", -1.0),
+    (StorageConfig, "kv_storage_block_size", 0),
     (SchedulerConfig, "max_running_requests", 0),
     (SchedulerConfig, "schedule_policy", "random"),
     (SchedulerConfig, "context_length", 1),
@@ -74,7 +75,7 @@ def test_from_kwargs_routes_each_flat_name_to_its_group():
 
 def test_every_option_name_belongs_to_exactly_one_group():
     names = [option.name for group in GROUPS.values() for option in fields(group)]
-    assert len(names) == len(set(names)) == len(OPTION_GROUPS) == 42  # (41 + kv_storage_persist_timeout)
+    assert len(names) == len(set(names)) == len(OPTION_GROUPS) == 43  # (41 + kv_storage_persist_timeout, kv_storage_block_size)
     assert not set(names) & set(GROUPS)  # `config.cache` is never mistaken for an option
     assert all(OPTION_GROUPS[option.name] == name for name, group in GROUPS.items() for option in fields(group))
 

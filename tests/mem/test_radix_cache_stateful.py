@@ -447,21 +447,30 @@ class LabelledTiers:
     written to storage keep the label of the host or device page they came from, reads return
     it, and installing puts it on the host page."""
 
-    def __new__(cls, page_size, write_policy):
+    def __new__(cls, page_size, write_policy, per_block=1):
         from radixkv.mem.storage_tier import StorageTier, StorageTierConfig
 
         host = LabelledHostTier(page_size, "write-back")
         host.rows = lambda pages: [host.host[p] for p in pages]
         host.device_rows = lambda pages: [host.device[p] for p in pages]
 
-        def put_pages(pages, labels):
-            for p, label in zip(pages, labels):
+        def join_blocks(parts, k):  # a stored page: the labels of its device pages
+            assert k == per_block
+            flat = [label for part in parts for label in part]
+            assert len(flat) % k == 0
+            return [tuple(flat[i:i + k]) for i in range(0, len(flat), k)]
+
+        def put_blocks(pages, blocks, skip):
+            flat = [label for block in blocks for label in block][skip:]
+            assert len(flat) >= len(pages)
+            for p, label in zip(pages, flat):
                 host.host[p] = label
-        host.put_pages = put_pages
+        host.join_blocks, host.put_blocks = join_blocks, put_blocks
 
         class _Storage(StorageTier):
             def __init__(self):
-                super().__init__(StorageTierConfig(STORAGE_PAGES, page_size, write_policy, hit_threshold=2))
+                super().__init__(StorageTierConfig(STORAGE_PAGES, page_size * per_block, write_policy,
+                                                   hit_threshold=2))
                 self.labels: dict[bytes, tuple] = {}
 
             def _store(self, keys, rows, picked, wait=False):
@@ -486,13 +495,13 @@ class StorageCacheMachine(HostCacheMachine):
     storage, requests read it back through the host tier; the reference knows which prefixes
     storage holds, and every page read back holds the KV of the prefix it stands for."""
 
-    @initialize(page_size=st.sampled_from([1, 2]),
+    @initialize(page_size=st.sampled_from([1, 2]), per_block=st.sampled_from([1, 2, 3]),
                 write_policy=st.sampled_from(["write-back", "write-through-selective"]))
-    def setup(self, page_size, write_policy):
+    def setup(self, page_size, per_block, write_policy):
         from radixkv.mem import RadixCache
 
-        self.size = page_size
-        self.tier, self.storage = LabelledTiers(page_size, write_policy)
+        self.size, self.block = page_size, page_size * per_block
+        self.tier, self.storage = LabelledTiers(page_size, write_policy, per_block)
         self.clock = FakeClock()
         self.cache = RadixCache(PageAllocator(NUM_PAGES, page_size), "lru", host_tier=self.tier,
                                         storage=self.storage, clock=self.clock)
@@ -500,13 +509,15 @@ class StorageCacheMachine(HostCacheMachine):
         self.until = {}
 
     def stored(self):
-        return set(self.storage.labels.values())
+        """The prefixes whose last stored page (block) storage holds."""
+        return {block[-1] for block in self.storage.labels.values()}
 
     def expected_storage_tokens(self, key, ns, start):
-        stored, n = self.stored(), start
-        while n + self.size <= len(key) and (ns, tuple(key[: n + self.size])) in stored:
-            n += self.size
-        return n - start
+        """Whole blocks from the one `start` is in, as far as storage holds them."""
+        stored, n = self.stored(), start // self.block * self.block
+        while n + self.block <= len(key) and (ns, tuple(key[: n + self.block])) in stored:
+            n += self.block
+        return max(0, n - start)
 
     @rule(key=keys, ns=namespaces)
     def peek(self, key, ns):
@@ -529,6 +540,7 @@ class StorageCacheMachine(HostCacheMachine):
         if m.host_tokens:
             m = self.cache.load_back(m, key, ns)
             self.seen_storage["hit"] += m.from_storage > 0
+            self.seen_storage["block_hit"] += m.from_storage > 0 and self.block > self.size  # blocks of pages
             self.sync_after_eviction()
             assert (m.num_tokens, m.pages) == self.expected_match(key, ns)
         self.admit(key, ns, m)
@@ -541,7 +553,7 @@ class StorageCacheMachine(HostCacheMachine):
         self.cache.persist()
         self.seen_storage["persisted"] += 1
 
-    seen_storage = {"installed": 0, "hit": 0, "persisted": 0}
+    seen_storage = {"installed": 0, "hit": 0, "block_hit": 0, "persisted": 0}
 
     @invariant()
     def storage_consistent(self):
@@ -551,8 +563,12 @@ class StorageCacheMachine(HostCacheMachine):
 
         assert self.storage.stored_pages <= STORAGE_PAGES
         assert self.storage.stored_pages == len(self.storage.labels)
-        for key, (ns, prefix) in self.storage.labels.items():  # a key names its prefix's KV
-            assert list(chain(root(ns), prefix, self.size))[-1] == key
+        for key, block in self.storage.labels.items():  # a key names its prefix's KV, page by page
+            ns, prefix = block[-1]
+            assert len(prefix) % self.block == 0
+            assert list(chain(root(ns), prefix, self.block))[-1] == key
+            k = len(block)
+            assert block == tuple((ns, prefix[: len(prefix) - (k - 1 - i) * self.size]) for i in range(k))
 
 
 def test_radix_cache_with_host_and_storage_tiers_matches_naive_reference():

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from radixkv.mem import PageAllocator
+from radixkv.mem.cache_factory import block_shapes
 from radixkv.mem.disk_storage import SUFFIX, DiskKVStorage
 from radixkv.mem.host_tier import HostKVTier, HostTier, HostTierConfig
 from radixkv.mem.kv_pool import KVLayout, make_kv_pool
@@ -109,11 +110,12 @@ def test_write_through_selective_writes_a_node_once_it_is_hot():
 LAYOUT = KVLayout(num_layers=2, num_kv_heads=2, head_dim=4, page_size=2)
 
 
-def disk_cache(directory, identity=IDENTITY, device_pages=4, host_pages=4, storage_pages=64, layout=LAYOUT):
+def disk_cache(directory, identity=IDENTITY, device_pages=4, host_pages=4, storage_pages=64, layout=LAYOUT,
+               per_block=1):
     pool = make_kv_pool(layout, device_pages)
     host = HostKVTier(HostTierConfig(host_pages, layout.page_size), pool)
-    storage = DiskKVStorage(StorageTierConfig(storage_pages, layout.page_size), directory, identity,
-                            pool.page_shapes())
+    storage = DiskKVStorage(StorageTierConfig(storage_pages, layout.page_size * per_block), directory, identity,
+                            block_shapes(pool, per_block))
     cache = RadixCache(PageAllocator(device_pages, layout.page_size), "lru", host_tier=host,
                                storage=storage)
     return cache, pool
@@ -355,13 +357,13 @@ def test_a_run_evicted_while_being_read_is_a_plain_miss_not_corruption(tmp_path)
     push_to_storage(cache, pool, list(range(8)))
     storage = cache.storage
     key, (run, _) = next(iter(storage._index.items()))
-    real = storage._read_page
+    real = storage._read_pages
 
-    def evicted_meanwhile(run, i, files):  # the writer evicts the run after the reader looked it up
+    def evicted_meanwhile(run, first, n, files):  # the writer evicts the run after the reader looked it up
         storage._drop_run(run)
-        return real(run, i, files)
+        return real(run, first, n, files)
 
-    storage._read_page = evicted_meanwhile
+    storage._read_pages = evicted_meanwhile
     corrupt = storage.counters["corrupt_files"]
     fetch = storage.fetch([key])
     wait(fetch)
@@ -416,3 +418,60 @@ def test_best_effort_waits_for_a_first_page_then_goes_with_what_has_arrived():
     assert fetch.ready("timeout", 0.0) and not fetch.ready("timeout", 60.0)
     fetch.done = True
     assert fetch.ready("wait_complete", 0.0)
+
+
+# -- stored pages larger than device pages ---------------------------------------------------------
+def test_blocks_of_device_pages_round_trip_bit_for_bit_from_a_fresh_process(tmp_path):
+    cache, pool = disk_cache(tmp_path, per_block=2)  # 4-token stored pages over 2-token device pages
+    key = list(range(8))
+    expected = push_to_storage(cache, pool, key)
+    assert cache.storage.page_size == 4 and cache.storage.stored_pages >= 2
+    cache.storage.close()
+    again, pool2 = disk_cache(tmp_path, per_block=2)
+    assert again.peek(key).storage_tokens == 8
+    loaded = load(again, key)
+    assert loaded.num_tokens == 8 and loaded.from_storage == 8
+    for got, want in zip(page_data(pool2, loaded.pages), expected):
+        assert all(torch.equal(g, w) for g, w in zip(got, want))
+    assert again.storage.counters["read_pages"] == 2  # one read and one check per block, not per page
+    again.check_invariants(inflight_pages=0)
+    again.storage.close()
+
+
+def test_a_read_that_begins_inside_a_block_skips_what_the_tree_holds(tmp_path):
+    cache, pool = disk_cache(tmp_path, per_block=2, device_pages=6)
+    key = list(range(8))
+    expected = push_to_storage(cache, pool, key)
+    compute(cache, pool, key[:2], seed=99)  # the tree now holds the first device page of the first block
+    assert cache.peek(key).num_tokens == 2
+    assert cache.peek(key).storage_tokens == 6  # the first block's second page, and the second block
+    loaded = load(cache, key)
+    assert loaded.num_tokens == 8 and loaded.from_storage == 6
+    for got, want in zip(page_data(pool, loaded.pages[1:]), expected[1:]):
+        assert all(torch.equal(g, w) for g, w in zip(got, want))
+    cache.check_invariants(inflight_pages=0)
+    cache.storage.close()
+
+
+def test_a_block_the_disk_tier_evicts_is_a_ghost_for_the_miss_causes(tmp_path):
+    from radixkv.mem.miss_causes import GhostIndex, explain
+
+    cache, pool = disk_cache(tmp_path, storage_pages=2, per_block=2)  # one 8-token prefix on disk
+    cache.ghosts = GhostIndex()
+    key = list(range(100, 108))
+    push_to_storage(cache, pool, key)
+    cache.storage.flush()
+    assert cache.peek(key).storage_tokens == 0 and cache.storage.counters["evicted_pages"] > 0
+    causes = explain(cache, key, None, 0)
+    assert causes["evicted"] == 8 and causes["new"] == 0, causes
+    cache.storage.close()
+
+
+def test_stored_page_size_must_be_whole_device_pages():
+    from radixkv.errors import ConfigError
+    from radixkv.mem.storage_tier import block_tokens
+
+    assert block_tokens(None, 1) == 64 and block_tokens(None, 16) == 64 and block_tokens(None, 48) == 96
+    assert block_tokens(32, 16) == 32
+    with pytest.raises(ConfigError, match="kv_storage_block_size"):
+        block_tokens(24, 16)

@@ -24,9 +24,12 @@ def prompt(topic: str) -> str:
 
 
 def engine_on(directory, **options):
-    # pool 240 tokens and host 240 tokens: one prompt each, so a third one pushes the first to disk
-    return Engine(max_total_tokens=240, page_size=16, host_kv_size="240", kv_storage_dir=str(directory),
-                  progress=False, log_level="debug", **options)  # debug: every invariant after every step
+    # pool 240 tokens and host 240 tokens: one prompt each, so a third one pushes the first to disk;
+    # stored pages of one device page (16 tokens), so a prompt's every whole page can come back
+    options = {"max_total_tokens": 240, "page_size": 16, "host_kv_size": "240", "kv_storage_block_size": 16,
+               **options}
+    return Engine(kv_storage_dir=str(directory), progress=False, log_level="debug", **options)  # debug: every
+    # invariant after every step
 
 
 def push_out(engine, first: str) -> None:
@@ -40,7 +43,7 @@ def push_out(engine, first: str) -> None:
     assert match.num_tokens + match.host_tokens <= 16 and match.storage_tokens >= 80
 
 
-@pytest.mark.parametrize("policy", ["best_effort", "wait_complete"])  # (timeout: Fetch.ready, tests/mem)
+@pytest.mark.parametrize("policy", ["auto", "best_effort", "wait_complete"])  # (timeout: Fetch.ready, tests/mem)
 def test_a_prefix_through_host_to_disk_and_back_gives_identical_logprobs(tmp_path, policy):
     engine = engine_on(tmp_path, kv_storage_prefetch_policy=policy, kv_storage_prefetch_timeout=30.0)
     try:
@@ -90,6 +93,32 @@ def test_a_new_engine_on_the_same_directory_hits_on_its_first_request(tmp_path):
         second.shutdown()
 
 
+def test_a_restart_with_default_storage_settings_waits_for_the_read_and_hits(tmp_path):
+    """Default page size (1), stored pages (64 tokens) and prefetch policy (auto): the first
+    request after a restart waits for its prefix's read (cheaper than computing it) instead of
+    going with the first page to arrive, as `best_effort` did (2 of 1,401 tokens from storage)."""
+    a = prompt(TOPICS[0]) * 2
+    defaults = {"max_total_tokens": 512, "page_size": 1, "host_kv_size": "512", "kv_storage_block_size": None}
+    first = engine_on(tmp_path, **defaults)
+    try:
+        before = first.generate(a, GREEDY, return_logprob=True)
+        length = before["meta_info"]["prompt_tokens"]
+    finally:
+        first.shutdown()
+    second = engine_on(tmp_path, **defaults)
+    try:
+        after = second.generate(a, GREEDY, return_logprob=True)
+        details = after["meta_info"]["cached_tokens_details"]
+        assert details["storage"] == (length - 1) // 64 * 64 >= 128  # every whole stored page
+        stats = second.get_stats()
+        assert stats["storage_read_pages"] == details["storage"] // 64  # one read and check per 64 tokens
+        assert after["output_ids"] == before["output_ids"]
+        got = [lp for lp, _ in after["meta_info"]["output_token_logprobs"]]
+        assert got == pytest.approx([lp for lp, _ in before["meta_info"]["output_token_logprobs"]], abs=1e-4)
+    finally:
+        second.shutdown()
+
+
 def test_another_kv_format_does_not_read_the_files(tmp_path):
     a = prompt(TOPICS[0])
     first = engine_on(tmp_path)
@@ -113,6 +142,9 @@ def test_another_kv_format_does_not_read_the_files(tmp_path):
      "kv_storage_prefetch_policy"),
     ({"kv_storage_dir": "/tmp/x", "host_kv_size": "1000", "kv_storage_hit_threshold": 0},
      "kv_storage_hit_threshold"),
+    ({"kv_storage_dir": "/tmp/x", "host_kv_size": "1000", "page_size": 16, "kv_storage_block_size": 24},
+     "kv_storage_block_size"),
+    ({"kv_storage_dir": "/tmp/x", "host_kv_size": "1000", "kv_storage_block_size": 0}, "kv_storage_block_size"),
 ])
 def test_bad_storage_settings_are_refused_at_start_up_naming_the_field(options, field):
     with pytest.raises(ConfigError, match=field):
