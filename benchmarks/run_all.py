@@ -31,6 +31,7 @@ SCRIPTS = [  # (script, arguments, what it measures)
     ("startup.py", [], "time to the first answer: eager, compiled first and second start"),
     ("customer_service.py", [], "shared 2k-token system prompt, vs vLLM and transformers"),
     ("multiturn.py", [], "multi-turn chat, closed and open loop, vs vLLM and transformers"),
+    ("memory_pressure.py", [], "more conversations than the KV pool holds, equal budgets, vs vLLM"),
     ("frontend_fork.py", [], "fork-and-join program vs independent requests"),
     ("server_throughput.py", [], "server vs in-process Engine"),
     ("mooncake_e2e.py", [], "Mooncake trace end to end vs the simulator"),
