@@ -73,17 +73,18 @@ def start_radixkv(*args: str, timeout: float = 300) -> Server:
     return server
 
 
-def start_vllm(model_dir: str, block_size: int, max_model_len: int = 4096, timeout: float = 600
-               ) -> tuple[Server | None, str | None]:
+def start_vllm(model_dir: str, block_size: int, max_model_len: int = 4096, timeout: float = 600,
+               extra: tuple[str, ...] = ()) -> tuple[Server | None, str | None]:
     """vLLM's OpenAI server at its best here: both cores, prefix caching, `block_size` tokens per
-    block, fp32 like radixkv. (None, reason) when the peer is not installed or fails."""
+    block, fp32 like radixkv, `extra` flags after those. (None, reason) when the peer is not
+    installed or fails."""
     if not VLLM_PYTHON.exists():
         return None, f"vLLM is not installed: run `bash {PEERS / 'setup.sh'}`"
     port = free_port()
     cmd = [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
            "--served-model-name", "model", "--dtype", "float32", "--block-size", str(block_size),
            "--enable-prefix-caching", "--max-model-len", str(max_model_len), "--port", str(port),
-           "--host", "127.0.0.1", "--enable-prompt-tokens-details"]
+           "--host", "127.0.0.1", "--enable-prompt-tokens-details", *extra]
     env = {"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "VLLM_TARGET_DEVICE": "cpu"}
     server = Server(f"vllm(block {block_size})", cmd, port, env, model="model")
     reason = server.wait_ready("/v1/models", timeout)

@@ -149,6 +149,26 @@ def table() -> str:
                          f"{o['ttft_p50']:.2f} / {o['ttft_p90']:.2f} (hit {o['hit_rate']:.0%})", peers,
                          f"{o['ttft_p50'] / vo[bo]['ttft_p50']:.2f}x vLLM's p50" if bo else "-", "-",
                          "`python benchmarks/multiturn.py`", when(mt)))
+    mp, st = load("memory_pressure.json"), load("storage_tier.json")
+    if mp and "radixkv (defaults)" in mp["results"]:
+        ours = mp["results"]["radixkv (defaults)"]
+        vllm = next((k for k in mp["results"] if k.startswith("vllm")), None)
+        theirs = mp["results"].get(vllm)
+        a = mp["args"]
+        rows.append((f"Memory pressure: {a['users']} conversations x {a['turns']} turns in {a['budget']:,} KV tokens "
+                     "(output tok/s)", f"{ours['output_tok_s']:.1f} (hit {ours['hit_rate']:.1%}, TTFT p50 "
+                     f"{ours['ttft_p50']:.2f} s)",
+                     f"vllm-b32 {theirs['output_tok_s']:.1f} (hit {theirs['hit_rate']:.1%}, TTFT p50 "
+                     f"{theirs['ttft_p50']:.2f} s)" if theirs else "vLLM not run",
+                     f"{ours['output_tok_s'] / theirs['output_tok_s']:.2f}x vLLM's" if theirs else "-", "-",
+                     "`python benchmarks/memory_pressure.py`", when(mp)))
+    if st and isinstance(st["warm_restart"].get("restart_over_cold"), dict):
+        w = st["warm_restart"]
+        got = statistics.median(w["storage_hit_tokens"]["{}"])
+        rows.append((f"Warm restart from --kv-storage-dir, {w['prompt_tokens']:,}-token prompt, defaults (TTFT s)",
+                     f"{w['median']['restart {}']:.3f} ({got:,.0f} tokens from storage)",
+                     f"cold {w['median']['cold']:.3f}; host-tier hit {w['median']['host']:.3f}",
+                     f"{w['restart_over_cold']['{}']:.2f}x cold", "-", "`python benchmarks/storage_tier.py`", when(st)))
     comp, start = load("compile_forward.json"), load("startup.json")
     if comp:
         for kind, label in (("decode", "decode steps"), ("extend", "extends")):
