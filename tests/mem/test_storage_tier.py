@@ -23,9 +23,9 @@ C = list(range(300, 308))
 IDENTITY = b"test-identity-01"
 
 
-def sim_cache(device_pages=8, host_pages=8, storage_pages=64, page_size=1, **storage_options):
+def sim_cache(device_pages=8, host_pages=8, storage_pages=64, page_size=1, per_block=1, **storage_options):
     host = HostTier(HostTierConfig(host_pages, page_size))
-    storage = StorageTier(StorageTierConfig(storage_pages, page_size, **storage_options))
+    storage = StorageTier(StorageTierConfig(storage_pages, page_size * per_block, **storage_options))
     return RadixCache(PageAllocator(device_pages, page_size), "lru", host_tier=host, storage=storage)
 
 
@@ -77,8 +77,9 @@ def test_keys_depend_on_the_whole_prefix_and_the_namespace():
     assert list(chain(start, [1, 2, 3], 2)) == list(chain(start, [1, 2], 2))  # whole pages only
 
 
-def test_another_namespace_does_not_hit_stored_pages():
-    cache = sim_cache()
+@pytest.mark.parametrize("per_block", [1, 4])
+def test_another_namespace_does_not_hit_stored_pages(per_block):
+    cache = sim_cache(per_block=per_block)
     for key in (A, B, C, list(range(400, 408))):
         cache_tokens(cache, key)
     assert cache.peek(A).storage_tokens == 8
