@@ -1,10 +1,12 @@
 """Time from `radixkv serve` to its first answer: eager, compiled on a machine's first start
-(an empty graph cache), and compiled on the next start (graphs from the cache); and vLLM's
-OpenAI server on the same model, for comparison.
+(an empty graph cache: the forward is traced, compiled and saved), and compiled on the next
+start (the saved forward loaded, `radixkv.model.compiled`); and vLLM's OpenAI server on the same
+model, for comparison.
 
 Each start is a fresh server process measured until `/health` answers and then until its first
 completion comes back; the compiled graph cache of the first compiled start is a new temporary
-directory (`TORCHINDUCTOR_CACHE_DIR`), which the second start reuses.
+directory (`TORCHINDUCTOR_CACHE_DIR`, which holds the saved forward too), which the next starts
+reuse.
 
     python benchmarks/startup.py
 """
@@ -59,7 +61,8 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="radixkv-graphs-") as graphs:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = graphs  # the servers inherit it: a machine's first start
         rows.append(one_start("compiled, first start (no cache)", "--compile", "on"))
-        rows.append(one_start("compiled, second start (cached)", "--compile", "on"))
+        rows.append(one_start("compiled, second start (saved)", "--compile", "on"))
+        rows.append(one_start("compiled, third start (saved)", "--compile", "on"))
         del os.environ["TORCHINDUCTOR_CACHE_DIR"]
     if not args.skip_vllm:
         from radixkv.model.loader import resolve_model_dir

@@ -13,10 +13,16 @@ kernels around the two things it must not touch:
 
 The token dimension (and the number of logits rows) is *unbacked*: the graph is compiled for
 any size, so no batch size or prompt length recompiles it (`recompilations` in `get_stats()`
-counts any that happen). Graphs are cached on disk (inductor's FX graph and AOT caches, under
-`<cache_dir>/compiled/<torch>-<CPU capability>/`), so only the first start of a model
-architecture on a machine pays for the compile; the graph names no weights, so every load of the
-same architecture -- in one process or the next -- reuses it.
+counts any that happen).
+
+The forward is compiled ahead of time (`torch.compile(...).aot_compile`) and the compiled function
+is saved whole -- dynamo's trace and guards with inductor's code -- under
+`<inductor's cache>/aot/<graph key>.pt2`, the key a digest of everything the trace depends on
+(`graph_key`). A later start loads it instead of tracing the model again (the default model's
+second start: 12 s to the first answer instead of 20, `benchmarks/startup.py`), and calls it with
+its guards checked once per runner, not on every step. The graph names no weights, so every load of the same
+architecture -- in one process or the next -- reuses it. A saved function that does not load or
+whose guards refuse this model is compiled again and replaced.
 
 A compile that fails (no C++ compiler, an op the compiler rejects) or whose logits disagree with
 eager mode on the start-up check never stops a server: it logs one line and the runner stays
@@ -25,12 +31,15 @@ eager (`compile_fallback` in `get_stats()` says why).
 
 from __future__ import annotations
 
+import hashlib
+import itertools
 import logging
 import os
 import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -39,12 +48,14 @@ from radixkv.attention.forward_batch import ForwardBatch, ForwardMode
 from radixkv.attention.graph_op import GraphAttention, forward_context
 from radixkv.errors import ConfigError
 from radixkv.model.llama import LlamaForCausalLM
+from radixkv.version import __version__
 
 logger = logging.getLogger(__name__)
 
 COMPILE_MODES = ("auto", "on", "off")
 LOGITS_RTOL = 1e-4  # fp32: compiled and eager logits agree this closely (x the largest logit) at start-up
 _graphs_compiled = 0  # graphs inductor compiled in this process, for the runner that asked
+AOT_FORMAT = 1  # part of every graph key: bump when what a saved forward holds changes
 
 
 @dataclass(frozen=True)
@@ -113,17 +124,50 @@ def _traced(model: LlamaForCausalLM, input_ids, positions, logits_index) -> torc
 
 
 _GRAPH_ATTENTION = GraphAttention()
-_compiled_fn = None  # one torch.compile wrapper for the process: same-architecture models share its graph
+_loaded: dict[str, Any] = {}  # saved path -> its AOT-compiled forward, shared by the runners of a process
 
 
-def _compiled():
-    global _compiled_fn
-    if _compiled_fn is None:
-        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
-        torch._dynamo.config.accumulated_recompile_limit = max(
-            torch._dynamo.config.accumulated_recompile_limit, 1024)
-        _compiled_fn = torch.compile(_traced, backend=_counting_inductor, fullgraph=True, dynamic=False)
-    return _compiled_fn
+def _traced_sources() -> list[Path]:
+    """The source files the traced forward runs through (the model, its layers, attention)."""
+    package = Path(__file__).resolve().parent.parent
+    return sorted([*(package / "model").glob("*.py"), *(package / "attention").glob("*.py")])
+
+
+def graph_key(model: LlamaForCausalLM) -> str:
+    """A digest of everything the compiled forward depends on: torch and the CPU capability the
+    kernels were built for, radixkv's version and the source of the traced code, the model's
+    configuration and module tree (packed layers included), and each parameter's and buffer's
+    name, shape, dtype and device. Two loads of one checkpoint -- or of two checkpoints of one
+    architecture and size -- share it; anything that changes the trace changes it."""
+    h = hashlib.sha256()
+    for part in (f"aot-format-{AOT_FORMAT}", torch.__version__, torch.backends.cpu.get_cpu_capability(),
+                 __version__, repr(model.config), repr(model)):
+        h.update(part.encode() + b"\0")
+    for name, t in itertools.chain(model.named_parameters(), model.named_buffers()):
+        h.update(f"{name}:{tuple(t.shape)}:{t.dtype}:{t.device}\0".encode())
+    for path in _traced_sources():
+        h.update(path.read_bytes())
+    return h.hexdigest()[:32]
+
+
+def _aot_compile(model: LlamaForCausalLM, inputs: list[torch.Tensor]):
+    """Trace and compile the forward for `inputs` of any length (their first dimension unbacked)."""
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+    marked = [t.clone() for t in inputs]
+    for t in marked:
+        torch._dynamo.decorators.mark_unbacked(t, 0)  # no recompile per batch size or length
+    wrapper = torch.compile(_traced, backend=_counting_inductor, fullgraph=True, dynamic=False)
+    return wrapper.aot_compile(((model, *marked), {}))
+
+
+def _load_saved(path: Path):
+    """The forward saved at `path`. It was built for this machine's CPU capability (its key names
+    it) by a compiler that built those vector instructions, so inductor's probe of the compiler's
+    vector ISAs -- a compile and a load of a test library per ISA, 2 s -- is not run again for it."""
+    import torch._inductor.config as inductor_config
+
+    with open(path, "rb") as f, inductor_config.patch({"cpp.vec_isa_ok": True}):
+        return torch.compiler.load_compiled_function(f)
 
 
 class CompiledForward:
@@ -133,12 +177,15 @@ class CompiledForward:
         self.model = model
         self.graphs = 0  # graphs compiled for this runner's calls (1 after warm-up, normally)
         self.warm_graphs: int | None = None  # graphs when warm-up ended
-        self.compile_seconds = 0.0
+        self.compile_seconds = 0.0  # tracing and compiling, or loading the saved forward
+        self.source: str | None = None  # where the forward came from: "compiled", "saved" or "process"
         self.fallback: str | None = None  # why this runner went back to eager, if it did
         if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:  # the user's own choice wins
             directory = compile_cache_dir(cache_root)
             directory.mkdir(parents=True, exist_ok=True)
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(directory)
+        self.aot_dir = Path(os.environ["TORCHINDUCTOR_CACHE_DIR"]) / "aot"  # beside inductor's own caches
+        self._fn = None  # the AOT-compiled forward, once the first call has found or built it
 
     @property
     def active(self) -> bool:
@@ -152,22 +199,72 @@ class CompiledForward:
     def __call__(self, fb: ForwardBatch, backend: AttentionBackend) -> torch.Tensor:  # (N, V)
         if self.fallback is not None:
             return self.model(fb, backend)
-        # own storage (fb's are views into one buffer, at offsets a guard would pin), any size
-        inputs = [t.clone() for t in (fb.input_ids, fb.positions, fb.logits_index)]  # (T,), (T,), (N,)
-        for t in inputs:
-            torch._dynamo.decorators.mark_unbacked(t, 0)  # no recompile per batch size or length
-        before = _graphs_compiled
-        start = time.perf_counter()
         try:
             with torch.inference_mode(), forward_context(backend, fb):
-                return _compiled()(self.model, *inputs)
+                # own storage (fb's are views into one buffer, at offsets a guard would pin), any size;
+                # made under inference mode, as the graph's example inputs were
+                inputs = [t.clone() for t in (fb.input_ids, fb.positions, fb.logits_index)]  # (T,), (T,), (N,)
+                if self._fn is None:
+                    self._fn = self._prepare(inputs)
+                return self._fn(self.model, *inputs)
         except torch._dynamo.exc.TorchDynamoException as e:
             self.fall_back(describe_failure(e))
             return self.model(fb, backend)  # the K/V it stored are rewritten with the same values
-        finally:
-            if _graphs_compiled != before:
-                self.graphs += _graphs_compiled - before
-                self.compile_seconds += time.perf_counter() - start
+
+    def _prepare(self, inputs: list[torch.Tensor]):
+        """The compiled forward for this model: this process's, else the saved one, else compiled
+        now (and saved). Its guards are checked here, against this model and these inputs; later
+        calls skip them -- nothing they check (parameter shapes, dtypes, devices, grad mode, input
+        dtypes) changes between one runner's forwards, and the input lengths are unbacked."""
+        path = self.aot_dir / f"{graph_key(self.model)}.pt2"
+        start, before = time.perf_counter(), _graphs_compiled
+        fn, source = _loaded.get(str(path)), "process"
+        if fn is None and path.exists():
+            fn, source = self._try_saved(path), "saved"
+        if fn is not None:
+            refused = self._guards_refuse(fn, inputs)
+            if refused:
+                logger.warning("the compiled forward at %s does not fit this model (%s): compiling it again",
+                               path, refused)
+                fn = None
+        if fn is None:
+            fn, source = _aot_compile(self.model, inputs), "compiled"
+            self._save(fn, path)
+        _loaded[str(path)] = fn
+        fn.disable_guard_check()
+        self.graphs += _graphs_compiled - before
+        self.compile_seconds += time.perf_counter() - start
+        self.source = source
+        return fn
+
+    def _guards_refuse(self, fn, inputs: list[torch.Tensor]) -> str | None:
+        """None if `fn`'s guards accept this model and these inputs, else the guard that failed."""
+        try:
+            if fn.guard_check(self.model, *inputs):
+                return None
+            failed = fn._artifacts.guard_manager.check_verbose(fn.prepare_f_locals(self.model, *inputs))
+            return "; ".join(failed.verbose_code_parts)[:300] or "a guard failed"
+        except Exception as e:  # noqa: BLE001 - a guard that cannot even run refuses too
+            return f"its guards failed to run: {describe_failure(e)}"
+
+    @staticmethod
+    def _try_saved(path: Path):
+        try:
+            return _load_saved(path)
+        except Exception as e:  # noqa: BLE001 - a stale or damaged file is compiled again, never fatal
+            logger.warning("the saved compiled forward %s does not load (%s): compiling it again",
+                           path, describe_failure(e))
+            return None
+
+    @staticmethod
+    def _save(fn, path: Path) -> None:
+        """Write `fn` for later starts (atomically: a concurrent start sees the old file or this)."""
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fn.save_compiled_function(str(path))
+        except Exception as e:  # noqa: BLE001 - serving goes on; the next start compiles again
+            logger.warning("the compiled forward could not be saved to %s (%s): the next start compiles "
+                           "it again", path, describe_failure(e))
 
     def fall_back(self, why: str) -> None:
         if self.fallback is None:
@@ -179,7 +276,8 @@ class CompiledForward:
 
     def stats(self) -> dict[str, float | int | str | None]:
         return {"compiled": self.active, "compile_graphs": self.graphs, "recompilations": self.recompilations,
-                "compile_seconds": self.compile_seconds, "compile_fallback": self.fallback}
+                "compile_seconds": self.compile_seconds, "compile_source": self.source,
+                "compile_fallback": self.fallback}
 
 
 def logits_tolerance(dtype: torch.dtype) -> float:

@@ -10,7 +10,6 @@ for batches of requests described by their request-table rows and prefix lengths
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -194,8 +193,9 @@ class ModelRunner:
         compiled.finish_warmup()
         self.compiled = compiled
         if compiled.active:
-            logger.info("forward compiled in %.1f s (%d graph; cache %s)", time.perf_counter() - start,
-                        compiled.graphs, os.environ.get("TORCHINDUCTOR_CACHE_DIR"))
+            how = {"saved": f"loaded the saved graph from {compiled.aot_dir}", "process": "this process's graph",
+                   "compiled": f"traced and compiled; saved under {compiled.aot_dir}"}[compiled.source]
+            logger.info("forward compiled in %.1f s (%s)", time.perf_counter() - start, how)
 
     def moe_stats(self) -> dict[str, Any]:
         """Tokens routed to each expert of each mixture-of-experts layer (`get_stats()`):
@@ -217,7 +217,7 @@ class ModelRunner:
         """Whether the forward runs compiled, its graphs and recompilations (`get_stats()`)."""
         if self.compiled is None:
             return {"compiled": False, "compile_graphs": 0, "recompilations": 0, "compile_seconds": 0.0,
-                    "compile_fallback": None}
+                    "compile_source": None, "compile_fallback": None}
         return self.compiled.stats()
 
     def _check_kernels(self) -> None:

@@ -72,13 +72,22 @@ def test_no_recompiles_over_batch_sizes_and_prompt_lengths(tiny_model_dir):
     assert runner.compile_stats()["compiled"]
 
 
-def test_a_failing_compiler_leaves_the_runner_eager(tiny_model_dir, monkeypatch, caplog):
+@pytest.fixture
+def fresh_compile(monkeypatch, tmp_path):
+    """No compiled forward of this process or of earlier runs: the next runner compiles its own,
+    and saves it in the returned directory (inductor's cache, here `tmp_path`)."""
+    monkeypatch.setattr(compiled_mod, "_loaded", {})
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    torch._dynamo.reset()
+    yield tmp_path
+    torch._dynamo.reset()
+
+
+def test_a_failing_compiler_leaves_the_runner_eager(tiny_model_dir, monkeypatch, caplog, fresh_compile):
     def broken(gm, example_inputs):
         raise RuntimeError("no C++ compiler today")
 
-    monkeypatch.setattr(compiled_mod, "_compiled_fn", None)  # a fresh wrapper around the broken backend
     monkeypatch.setattr(compiled_mod, "_counting_inductor", broken)
-    torch._dynamo.reset()
     with caplog.at_level(logging.ERROR, logger="radixkv.model.compiled"):
         runner = make_runner(tiny_model_dir("qwen2"), compile="on")
     stats = runner.compile_stats()
@@ -87,24 +96,71 @@ def test_a_failing_compiler_leaves_the_runner_eager(tiny_model_dir, monkeypatch,
         f"compiled forward disabled, running eager: {stats['compile_fallback']}"]
     res = generate_static(runner, PROMPTS, 4)  # eager from here on
     assert [len(o) for o in res.output_ids] == [4, 4, 4]
-    torch._dynamo.reset()
+    assert not list(fresh_compile.rglob("*.pt2"))  # nothing saved for the next start
 
 
-def test_compiled_logits_that_disagree_are_refused_at_start(tiny_model_dir, monkeypatch):
+def test_compiled_logits_that_disagree_are_refused_at_start(tiny_model_dir, monkeypatch, fresh_compile):
     """A graph that computes something else (here: every logit doubled) fails the start-up check."""
-    real = compiled_mod._counting_inductor
+    real = compiled_mod._traced
 
-    def wrong(gm, example_inputs):
-        fn = real(gm, example_inputs)
-        return lambda *args: [out * 2 for out in fn(*args)]
+    def wrong(model, input_ids, positions, logits_index):
+        return real(model, input_ids, positions, logits_index) * 2
 
-    monkeypatch.setattr(compiled_mod, "_compiled_fn", None)
-    monkeypatch.setattr(compiled_mod, "_counting_inductor", wrong)
-    torch._dynamo.reset()
+    monkeypatch.setattr(compiled_mod, "_traced", wrong)
     runner = make_runner(tiny_model_dir("llama"), compile="on")
     stats = runner.compile_stats()
     assert not stats["compiled"] and "logits differ from eager mode" in stats["compile_fallback"]
-    torch._dynamo.reset()
+
+
+def test_a_saved_forward_is_loaded_by_the_next_start(tiny_model_dir, monkeypatch, fresh_compile, caplog):
+    """The first runner traces, compiles and saves; a new process (here: an emptied in-process
+    table) loads the saved forward without compiling, and it gives eager mode's tokens."""
+    first = make_runner(tiny_model_dir("qwen3"), compile="on")
+    assert first.compile_stats()["compile_source"] == "compiled"
+    assert first.compile_stats()["compile_graphs"] == 1
+    saved = list(fresh_compile.rglob("*.pt2"))
+    assert [p.stem for p in saved] == [compiled_mod.graph_key(first.model)]
+    again = make_runner(tiny_model_dir("qwen3"), compile="on")
+    assert again.compile_stats()["compile_source"] == "process"  # the same process: no load either
+    monkeypatch.setattr(compiled_mod, "_loaded", {})
+    with caplog.at_level(logging.WARNING, logger="radixkv.model.compiled"):
+        runner = make_runner(tiny_model_dir("qwen3"), compile="on")
+    stats = runner.compile_stats()
+    assert (stats["compiled"], stats["compile_source"], stats["compile_graphs"]) == (True, "saved", 0), stats
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    got, want = eager_and_compiled(runner, lambda r: generate_static(r, PROMPTS, 8, return_prefill_logits=True))
+    assert got.output_ids == want.output_ids
+    assert (got.prefill_logits - want.prefill_logits).abs().max() <= 1e-4 * max(1.0, want.prefill_logits.abs().max())
+    assert runner.compile_stats()["recompilations"] == 0
+
+
+def test_a_damaged_or_foreign_saved_forward_is_compiled_again(tiny_model_dir, monkeypatch, fresh_compile, caplog):
+    """A file that does not load, and a loadable file of another model under this model's key
+    (its guards refuse this model), each cost one warning and a compile, never the start."""
+    other = make_runner(tiny_model_dir("llama-tp"), compile="on")  # 4 KV heads, 509 tokens
+    foreign = next(fresh_compile.rglob("*.pt2"))
+    model = make_runner(tiny_model_dir("llama"), compile="off").model  # 2 KV heads, 512 tokens
+    mine = foreign.with_name(f"{compiled_mod.graph_key(model)}.pt2")
+    for content, said in ((b"not a compiled forward", "does not load"), (foreign.read_bytes(), "does not fit")):
+        mine.write_bytes(content)
+        monkeypatch.setattr(compiled_mod, "_loaded", {})
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="radixkv.model.compiled"):
+            runner = make_runner(tiny_model_dir("llama"), compile="on")
+        stats = runner.compile_stats()
+        assert (stats["compiled"], stats["compile_source"]) == (True, "compiled"), stats
+        assert [said in r.getMessage() for r in caplog.records] == [True], caplog.records
+        assert mine.read_bytes() != content  # replaced by this model's own
+    assert other.compile_stats()["compiled"]
+
+
+def test_graph_key_follows_what_the_trace_depends_on(tiny_model_dir):
+    a = make_runner(tiny_model_dir("llama"), compile="off").model
+    b = make_runner(tiny_model_dir("llama"), compile="off").model
+    assert compiled_mod.graph_key(a) == compiled_mod.graph_key(b)  # another load: same graph
+    assert compiled_mod.graph_key(a) != compiled_mod.graph_key(make_runner(tiny_model_dir("qwen2"), compile="off").model)
+    bf16 = make_runner(tiny_model_dir("llama"), compile="off", dtype="bfloat16").model
+    assert compiled_mod.graph_key(a) != compiled_mod.graph_key(bf16)
 
 
 def test_choose_compile():
