@@ -19,10 +19,10 @@ class Tokenizer:
     """A Hugging Face tokenizer loaded from the model directory (never from a hub)."""
 
     def __init__(self, model_dir: str | Path):
-        from transformers import AutoTokenizer
+        from radixkv.tokenizer_load import load_hf_tokenizer
 
         try:
-            self.hf = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+            self.hf = load_hf_tokenizer(model_dir)
         except (OSError, ValueError) as e:
             raise ModelLoadError(f"{model_dir}: cannot load the tokenizer ({e})") from e
         eos = {self.hf.eos_token_id} if self.hf.eos_token_id is not None else set()

@@ -24,6 +24,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from radixkv.cache_dirs import cache_root
 from radixkv.errors import ModelLoadError
 
 logger = logging.getLogger(__name__)
@@ -77,14 +78,6 @@ GEMMA_CHAT_TEMPLATE = (
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}{{- '<start_of_turn>model\n' -}}{%- endif -%}"
 )
-
-
-def cache_root(cache_dir: str | Path | None = None) -> Path:
-    """Where converted models live: `cache_dir`, else $RADIXKV_CACHE_DIR, else ~/.cache/radixkv."""
-    if cache_dir is not None:
-        return Path(cache_dir).expanduser()
-    env = os.environ.get("RADIXKV_CACHE_DIR")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "radixkv"
 
 
 def default_gguf_path() -> Path:

@@ -36,7 +36,7 @@ from radixkv.model.cpu_runtime import (
     tune_malloc,
     usable_cores,
 )
-from radixkv.model.gguf import cache_root
+from radixkv.cache_dirs import cache_root
 from radixkv.model.llama import LlamaForCausalLM
 from radixkv.model.loader import load_model, resolve_model_dir
 from radixkv.parallel.devices import rank_device, use_rank_device
