@@ -12,6 +12,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 
 from radixkv.logs import setup_logging
 
@@ -42,7 +43,17 @@ def become_child(parent_pid: int, log_level: str, name: str, death_signal: bool 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _exit_on_sigterm)  # unwind: sockets closed, locks released
     setup_logging(log_level)
+    _progress_bars_use_a_thread_lock()
     return logging.getLogger(f"radixkv.server.{name}")
+
+
+def _progress_bars_use_a_thread_lock() -> None:
+    """tqdm's default lock holds a multiprocessing RLock: a named semaphore, registered with the
+    parent's resource tracker and never unregistered when this child exits, so every Ctrl-C ended
+    with 'There appear to be 1 leaked semaphore objects'. A child's bars need a thread lock only."""
+    from tqdm import tqdm
+
+    tqdm.set_lock(threading.RLock())
 
 
 def die_with_parent(parent_pid: int) -> None:
