@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from radixkv.config.fields import (EVICTION_POLICIES, STORAGE_PREFETCH_POLICIES, STORAGE_WRITE_POLICIES,
                                    opt, require)
+from radixkv.config.store_backend import STORAGE_BACKENDS, parse_mooncake, require_mooncake
 from radixkv.kv_bytes import KV_CACHE_DTYPES, parse_host_size
 
 
@@ -60,17 +61,30 @@ class CacheConfig:
 
 @dataclass(frozen=True)
 class StorageConfig:
-    """The storage tier: pages the host tier lets go, kept as files (found again after a restart).
-    That it needs a host tier and one rank is checked by `EngineConfig`, which sees both."""
+    """The storage tier: pages the host tier lets go, kept as files (found again after a restart)
+    or in a Mooncake Store every replica shares. That it needs a host tier and one rank is checked
+    by `EngineConfig`, which sees both."""
 
     kv_storage_dir: str | None = opt(None, "storage tier: a local directory where pages the host tier lets go "
                                      "are kept as files, found again after a restart (needs "
                                      "--host-kv-size; default: off)")
+    kv_storage_backend: str = opt("file", "where the storage tier keeps pages: file (--kv-storage-dir) or "
+                                  "mooncake (a Mooncake Store shared by every replica: any replica finds what "
+                                  "another stored; needs --kv-storage-config and pip install "
+                                  "'radixkv[mooncake]')", choices=STORAGE_BACKENDS)
+    kv_storage_config: str | None = opt(None, "the backend's settings as a JSON object; mooncake: "
+                                        "master_server_address (HOST:PORT, required), metadata_server "
+                                        "(P2PHANDSHAKE), protocol (tcp|rdma), device_name, global_segment_size "
+                                        "(memory this replica gives the store, 1GiB), local_buffer_size (256MiB), "
+                                        "local_hostname", metavar="JSON")
     kv_storage_size: str = opt("16GiB", "the storage tier's budget, in tokens (1000000) or bytes (16GiB); "
                                "its least recently used pages go first")
-    kv_storage_write_policy: str = opt("write-back", "when pages reach storage: write-back (when the host "
-                                       "tier lets them go) or write-through-selective (once hit "
-                                       "--kv-storage-hit-threshold times)")
+    kv_storage_write_policy: str | None = opt(None, "when pages reach storage: write-back (when the host "
+                                              "tier lets them go), write-through (as soon as they are cached: "
+                                              "what other replicas of a shared store need) or "
+                                              "write-through-selective (once hit --kv-storage-hit-threshold "
+                                              "times); default: write-back for file, write-through for mooncake",
+                                              default_in_help=True)
     kv_storage_hit_threshold: int = opt(2, "write-through-selective: hits before a prefix is written to storage")
     kv_storage_block_size: int | None = opt(None, "tokens per block the storage tier stores, reads and checks "
                                             "as one (a multiple of --page-size); default: 64 rounded up to "
@@ -91,7 +105,8 @@ class StorageConfig:
             require(self, ok, name, why)
 
         parse_host_size(self.kv_storage_size, "kv_storage_size")
-        check(self.kv_storage_write_policy in STORAGE_WRITE_POLICIES, "kv_storage_write_policy",
+        check(self.kv_storage_write_policy is None or self.kv_storage_write_policy in STORAGE_WRITE_POLICIES,
+              "kv_storage_write_policy",
               f"must be one of {list(STORAGE_WRITE_POLICIES)}")
         check(isinstance(self.kv_storage_hit_threshold, int) and self.kv_storage_hit_threshold >= 1,
               "kv_storage_hit_threshold", "must be an integer >= 1")
@@ -108,3 +123,23 @@ class StorageConfig:
               "must be in [0, 3600] seconds")
         check(self.kv_storage_dir is None or bool(str(self.kv_storage_dir).strip()), "kv_storage_dir",
               "must name a directory")
+        check(self.kv_storage_backend in STORAGE_BACKENDS, "kv_storage_backend", f"must be one of {list(STORAGE_BACKENDS)}")
+        if self.kv_storage_backend == "mooncake":
+            check(self.kv_storage_dir is None, "kv_storage_dir", "is the file backend's; the mooncake backend keeps "
+                  "pages in the Mooncake Store (drop one of --kv-storage-dir and --kv-storage-backend mooncake)")
+            parse_mooncake(self.kv_storage_config)
+            require_mooncake()
+        else:
+            check(self.kv_storage_config is None, "kv_storage_config", "is for --kv-storage-backend mooncake")
+
+    @property
+    def enabled(self) -> bool:
+        """Whether a storage tier is asked for (a directory, or a shared store)."""
+        return self.kv_storage_dir is not None or self.kv_storage_backend == "mooncake"
+
+    @property
+    def write_policy(self) -> str:
+        """The write policy in effect (the default depends on the backend)."""
+        if self.kv_storage_write_policy is not None:
+            return self.kv_storage_write_policy
+        return "write-through" if self.kv_storage_backend == "mooncake" else "write-back"

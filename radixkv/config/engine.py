@@ -45,16 +45,18 @@ class EngineConfig:
         if scheduler.chunked_prefill_size != 0 and scheduler.chunked_prefill_size < cache.page_size:
             raise ConfigError(f"chunked_prefill_size={scheduler.chunked_prefill_size!r}: "
                               f"must be 0 (off) or at least one page")
-        if storage.kv_storage_dir is not None:
+        if storage.enabled:
+            what = (f"kv_storage_dir={storage.kv_storage_dir!r}" if storage.kv_storage_dir is not None
+                    else f"kv_storage_backend={storage.kv_storage_backend!r}")
             if cache.host_kv_size is None:
-                raise ConfigError(f"kv_storage_dir={storage.kv_storage_dir!r}: needs a host tier (--host-kv-size): "
+                raise ConfigError(f"{what}: needs a host tier (--host-kv-size): "
                                   "pages reach storage from the host tier and come back through it")
             block = storage.kv_storage_block_size
             if block is not None and block % cache.page_size:
                 raise ConfigError(f"kv_storage_block_size={block!r}: must be a multiple of page_size "
                                   f"({cache.page_size})")
             if runtime.tp_size != 1:
-                raise ConfigError(f"kv_storage_dir={storage.kv_storage_dir!r}: is not supported with tp_size > 1 yet")
+                raise ConfigError(f"{what}: is not supported with tp_size > 1 yet")
         if self.spec.speculative_algorithm is not None and runtime.tp_size != 1:
             raise ConfigError(f"speculative_algorithm={self.spec.speculative_algorithm!r}: "
                               "does not combine with tp_size > 1 yet")

@@ -10,7 +10,7 @@ from radixkv.errors import ConfigError
 
 SCHEDULE_POLICIES = ("lpm", "fcfs", "dfs-weight")
 LOG_LEVELS = ("debug", "info", "warning", "error")
-STORAGE_WRITE_POLICIES = ("write-back", "write-through-selective")
+STORAGE_WRITE_POLICIES = ("write-back", "write-through", "write-through-selective")
 STORAGE_PREFETCH_POLICIES = ("auto", "best_effort", "wait_complete", "timeout")
 STORAGE_BLOCK_TOKENS = 64  # tokens per stored block by default (rounded up to whole pages)
 SPECULATIVE_ALGORITHMS = ("ngram", "radix", "draft")

@@ -2,7 +2,8 @@
 
 `make_cache_manager` reads a server's configuration: no cache (`--disable-radix-cache`), the
 radix tree, over the KV memory's host tier (`--host-kv-size`), over a storage tier on disk
-(`--kv-storage-dir`, its files named by the model's storage identity). `make_prefix_cache`
+(`--kv-storage-dir`, its files named by the model's storage identity) or in a Mooncake Store
+shared by replicas (`--kv-storage-backend mooncake`). `make_prefix_cache`
 composes given tiers (what simulators and tests build by hand).
 """
 
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from radixkv.config.store_backend import parse_mooncake
 from radixkv.kv_bytes import host_tier_pages
 from radixkv.mem.allocator import PageAllocator
 from radixkv.mem.base import PrefixCache
@@ -50,7 +52,7 @@ def make_cache_manager(config: EngineConfig, memory: KVMemory, attention_scale: 
     """The cache `config` asks for over `memory` (its allocator and host tier), for the model
     in `model_dir` (what the storage tier's identity is read from)."""
     storage = None
-    if config.storage.kv_storage_dir is not None and memory.host is not None and not config.cache.disable_radix_cache:
+    if config.storage.enabled and memory.host is not None and not config.cache.disable_radix_cache:
         storage = open_storage(config, model_dir, memory)
     return make_prefix_cache(memory.allocator, config.cache.eviction_policy, attention_scale, host_tier=memory.host,
                              disabled=config.cache.disable_radix_cache, storage=storage)
@@ -61,8 +63,8 @@ def block_shapes(pool: KVPool, per_block: int) -> list[tuple[tuple[int, ...], to
     return [((per_block, *shape), dtype) for shape, dtype in pool.page_shapes()]
 
 
-def open_storage(config: EngineConfig, model_dir: Path, memory: KVMemory) -> DiskKVStorage:
-    """The storage tier `--kv-storage-dir` asks for, over `memory`'s pool."""
+def open_storage(config: EngineConfig, model_dir: Path, memory: KVMemory) -> StorageTier:
+    """The storage tier `--kv-storage-dir` or `--kv-storage-backend` asks for, over `memory`'s pool."""
     pool = memory.pool
     block = block_tokens(config.storage.kv_storage_block_size, config.cache.page_size)
     per_block = block // config.cache.page_size
@@ -70,8 +72,11 @@ def open_storage(config: EngineConfig, model_dir: Path, memory: KVMemory) -> Dis
     identity = storage_identity(model_fingerprint(model_dir), config.cache.kv_cache_dtype, block, shapes)
     row_bytes = per_block * sum(t.numel() // t.shape[0] * t.element_size() for tensors in pool.storage for t in tensors)
     pages = host_tier_pages(config.storage.kv_storage_size, block, row_bytes, "kv_storage_size")
-    tier_config = StorageTierConfig(pages, block, config.storage.kv_storage_write_policy,
+    tier_config = StorageTierConfig(pages, block, config.storage.write_policy,
                                     config.storage.kv_storage_hit_threshold, config.storage.kv_storage_prefetch_policy,
                                     config.storage.kv_storage_prefetch_timeout,
                                     config.storage.kv_storage_persist_timeout)
+    if config.storage.kv_storage_backend == "mooncake":
+        from radixkv.mem.mooncake_storage import MooncakeKVStorage  # (imports mooncake: only when asked for)
+        return MooncakeKVStorage(tier_config, parse_mooncake(config.storage.kv_storage_config), identity, shapes)
     return DiskKVStorage(tier_config, config.storage.kv_storage_dir, identity, shapes)

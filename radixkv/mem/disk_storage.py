@@ -48,6 +48,7 @@ from typing import Any
 
 import torch
 
+from radixkv.mem.page_layout import PageLayout
 from radixkv.mem.storage_tier import Fetch, Run, StorageTier, StorageTierConfig
 
 logger = logging.getLogger(__name__)
@@ -63,11 +64,6 @@ MAX_PENDING_BYTES = 512 << 20  # rows queued for the writer at most; past it wri
 READ_CHUNK = 32 << 20  # bytes one read call asks for at most (pages arrive chunk by chunk)
 
 
-def _as_bytes(t: torch.Tensor) -> memoryview:
-    """The raw bytes of a contiguous CPU tensor (any dtype, bfloat16 and fp8 included)."""
-    return memoryview(t.contiguous().view(torch.uint8).numpy()).cast("B")
-
-
 class DiskKVStorage(StorageTier):
     """Runs of KV pages in `<directory>/<identity>-*.kvp` (see the module docstring).
     `page_shapes` is the pool's (shape per page, dtype) of each storage tensor; `identity` is
@@ -78,10 +74,8 @@ class DiskKVStorage(StorageTier):
         super().__init__(config)
         self.directory = Path(directory)
         self.identity = identity
-        self.page_shapes = [(tuple(shape), dtype) for shape, dtype in page_shapes]
-        self._row_bytes = [int(torch.Size(shape).numel()) * torch.empty((), dtype=dtype).element_size()
-                           for shape, dtype in self.page_shapes]
-        self.page_bytes = sum(self._row_bytes)
+        self.layout = PageLayout(page_shapes)
+        self.page_bytes = self.layout.page_bytes
         self._chunk_pages = max(1, READ_CHUNK // max(self.page_bytes, 1))
         self._lock = threading.RLock()
         self._pending: set[bytes] = set()
@@ -244,11 +238,7 @@ class DiskKVStorage(StorageTier):
                 self._writes.task_done()
 
     def _write_file(self, keys: list[bytes], rows: list[torch.Tensor]) -> None:
-        pages = []
-        for j in range(len(keys)):
-            page = b"".join(_as_bytes(r[j]) for r in rows)
-            assert len(page) == self.page_bytes, (len(page), self.page_bytes)
-            pages.append(page)
+        pages = [self.layout.encode(rows, j) for j in range(len(keys))]
         crc = [zlib.crc32(p) for p in pages]
         header = json.dumps({"identity": self.identity.hex(), "page_size": self.page_size,
                              "page_bytes": self.page_bytes, "keys": [k.hex() for k in keys],
@@ -354,11 +344,7 @@ class DiskKVStorage(StorageTier):
         for j in range(min(n, got // size)):
             if zlib.crc32(view[j * size:(j + 1) * size]) != meta["crc"][first + j]:
                 break
-            page, at = [], j * size
-            for (shape, dtype), nbytes in zip(self.page_shapes, self._row_bytes):
-                page.append(data[at:at + nbytes].view(dtype).reshape(shape))
-                at += nbytes
-            out.append(page)
+            out.append(self.layout.decode(data, j * size))
         if out:
             rate = len(out) * size / max(time.perf_counter() - start, 1e-6)
             self.read_bandwidth = rate if self.read_bandwidth is None else 0.7 * self.read_bandwidth + 0.3 * rate

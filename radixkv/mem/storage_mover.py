@@ -51,7 +51,7 @@ class StorageMover:
         parts (`storage_tokens`), hashing only as far as storage holds the pages."""
         storage = self.storage
         end = match.num_tokens + match.host_tokens
-        if storage is None or not storage.stored_pages or not storage.enabled or end >= len(match.key):
+        if storage is None or not storage.may_hold or end >= len(match.key):
             return match
         start = end // self.block * self.block  # the stored page the path ends in
         prev = self._hash_before(match.key, start, match.namespace)
@@ -156,7 +156,7 @@ class StorageMover:
         LRU then keeps a prefix longer than what hangs below it), for at most `timeout` seconds
         (default: `persist_timeout`), so a restart finds it. Returns (pages queued, left unwritten)."""
         storage, written, left = self.storage, 0, 0
-        if not storage.enabled:
+        if not storage.enabled or storage.shared:
             return written, left
         deadline = time.monotonic() + (storage.config.persist_timeout if timeout is None else timeout)
         for node in reversed(list(self.cache.nodes())):  # children first: parents are then the more recent

@@ -52,9 +52,11 @@ class StorageTierConfig:
     """`num_pages` stored pages (blocks) of `page_size` tokens at most (a multiple of the
     device pool's page size: see `block_tokens`).
 
-    `write_policy`: a page goes to storage when the host tier lets it go (`write-back`), or as
-    soon as it has been hit `hit_threshold` times (`write-through-selective`: only hot data
-    reaches the disk, and it is there before any eviction). `prefetch_policy`: a request whose
+    `write_policy`: a page goes to storage when the host tier lets it go (`write-back`), as soon
+    as it is cached (`write-through`: what replicas sharing a store need; whatever that write
+    missed is still written back), or once it has been hit `hit_threshold` times
+    (`write-through-selective`: only hot data reaches the disk, and it is there before any
+    eviction). `prefetch_policy`: a request whose
     prefix continues in storage waits while reading the rest costs less than computing it
     (`auto`: see `radixkv.sched.prefetch`), is admitted with whatever has arrived
     (`best_effort`), only once all of it has (`wait_complete`), or once it has or
@@ -87,8 +89,14 @@ class StorageTierConfig:
             raise ConfigError(f"kv_storage_persist_timeout={self.persist_timeout}: must be >= 0 seconds")
 
     @property
-    def write_through(self) -> bool:
+    def selective(self) -> bool:
+        """Pages are written once hot, and only then (never on the host tier's eviction)."""
         return self.write_policy == "write-through-selective"
+
+    @property
+    def on_insert(self) -> bool:
+        """Pages are written as soon as they are cached."""
+        return self.write_policy == "write-through"
 
 
 class Fetch:
@@ -154,7 +162,11 @@ class Run:
 
 
 class StorageTier:
-    """The index, budget and LRU of stored runs, without data (see the module docstring)."""
+    """The index, budget and LRU of stored runs, without data (see the module docstring).
+    `shared`: other servers write to it too (a Mooncake Store), so what it holds is asked, not
+    indexed here, and a shutdown does not persist into it (it was written through)."""
+
+    shared = False
 
     def __init__(self, config: StorageTierConfig):
         self.config = config
@@ -172,6 +184,11 @@ class StorageTier:
                          "prefetches_failed": 0, "corrupt_files": 0, "write_errors": 0, "skipped_pages": 0}
 
     # -- lookup --------------------------------------------------------------------------------
+    @property
+    def may_hold(self) -> bool:
+        """Whether a lookup can find anything (a cheap test before hashing a key)."""
+        return self.enabled and self.stored_pages > 0
+
     def holds(self, key: bytes) -> bool:
         return self.enabled and key in self._index
 

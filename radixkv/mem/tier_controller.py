@@ -18,7 +18,9 @@ What moves:
   (evicting other device pages if it must).
 - *host LRU*: when the host tier is full, the least recently used host-only leaves leave the
   tree for good; with a storage tier they are written there first (*write-back*), or, with
-  `write-through-selective`, a node is written once it has been hit `hit_threshold` times.
+  `write-through-selective`, a node is written once it has been hit `hit_threshold` times;
+  with `write-through`, a node is written as soon as it is cached (and, if that write was
+  skipped, when it leaves the host tier).
 - *storage -> host*, and a clean shutdown's `persist`: `StorageMover`; `load_back` reports how
   many tokens it loaded a prefetch had brought (`MatchResult.from_storage`).
 
@@ -73,11 +75,20 @@ class TierController:
 
     # -- the tree's hooks ------------------------------------------------------------------------
     def cached(self, leaf: TreeNode) -> None:
-        """A new leaf was inserted (write-through copies it to the host at once)."""
+        """A new leaf was inserted (write-through copies it to the host, or to storage, at once)."""
         if self.host.write_through:
             leaf.host_pages = self._host_save(leaf.pages)
             if leaf.host_pages is not None and self.cache.events is not None:
                 self.cache.events.stored(leaf, CPU)
+        storage = self.storage
+        if storage is not None and storage.config.on_insert and storage.enabled:
+            self._write(leaf)
+
+    def _write(self, node: TreeNode) -> None:
+        """Write the stored pages (blocks) `node`'s edge ends, where storage lacks them."""
+        keys, start = self.stored.block_keys(node)
+        if keys and self.storage.needs(keys):
+            self.storage.write(keys, self.stored.block_rows(node, start, len(keys)))
 
     def adopt(self, node: TreeNode, pages: list[int]) -> None:
         """`node` (not on the device) takes the caller's `pages` for its edge."""
@@ -89,11 +100,9 @@ class TierController:
         if node.host_candidate is not None:
             self.lru.touch(node)
         storage = self.storage
-        if storage is not None and hit and storage.config.write_through \
+        if storage is not None and hit and storage.config.selective \
                 and node.hit_count >= storage.config.hit_threshold and storage.enabled:
-            keys, start = self.stored.block_keys(node)
-            if keys and storage.needs(keys):
-                storage.write(keys, self.stored.block_rows(node, start, len(keys)))
+            self._write(node)
 
     def release(self, node: TreeNode) -> None:
         """`node` leaves the tree for good: its host pages go too. (No event: a device leaf is
@@ -213,7 +222,7 @@ class TierController:
         cache, storage = self.cache, self.storage
         stored, start = self.stored.block_keys(node) if storage is not None else ([], 0)
         kept = bool(stored) and not storage.needs(stored)
-        if stored and not storage.config.write_through and not kept:
+        if stored and not storage.config.selective and not kept:
             kept = bool(storage.write(stored, self.stored.block_rows(node, start, len(stored))))
         if cache.ghosts is not None and not kept:  # (not kept below either)
             cache.ghosts.add(self.keys.of(node))

@@ -107,6 +107,19 @@ def test_write_through_selective_writes_a_node_once_it_is_hot():
     assert cache.storage.stored_pages == 8  # on disk while still on the device
 
 
+def test_write_through_writes_as_soon_as_cached_and_what_it_skipped_at_eviction():
+    cache = sim_cache(device_pages=32, write_policy="write-through")
+    cache_tokens(cache, A)
+    assert cache.storage.stored_pages == 8  # cached once, never hit: stored already
+    cache.storage.enabled = False  # (a store away: this write is skipped)
+    cache_tokens(cache, B)
+    cache.storage.enabled = True
+    assert cache.storage.stored_pages == 8
+    for i in range(6):  # B goes down through the host tier, which writes what storage lacks
+        cache_tokens(cache, [900 + 10 * i + j for j in range(8)])
+    assert cache.storage.held_run(chain(root(None), B, 1)) == 8
+
+
 # -- on disk ---------------------------------------------------------------------------------------
 LAYOUT = KVLayout(num_layers=2, num_kv_heads=2, head_dim=4, page_size=2)
 

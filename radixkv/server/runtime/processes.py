@@ -60,7 +60,7 @@ class Children:
         ctx = multiprocessing.get_context("spawn")  # no inherited threads or torch state
         # a clean stop lets the scheduler write its tiers to storage (bounded) before it is signalled
         self.persist_seconds = (config.storage.kv_storage_persist_timeout + CHILD_EXIT_SECONDS
-                                if config.storage.kv_storage_dir is not None else 0.0)
+                                if config.storage.enabled else 0.0)
         me = os.getpid()
         self.procs = {
             "scheduler": ctx.Process(target=_scheduler_main, args=(config, endpoints, me),
