@@ -43,6 +43,7 @@ SCRIPTS = [  # (script, arguments, what it measures)
     ("storage_tier.py", [], "storage tier: disk bandwidth, warm restart, break-even, three-tier replay"),
     ("constrained.py", [], "constrained decoding: mask cost, jump-forward"),
     ("routing_replay.py", [], "routing policies over replicas on the Mooncake trace"),
+    ("shared_store.py", [], "a Mooncake Store shared by replicas: two real replicas, the trace over N"),
     ("tensor_parallel.py", [], "tensor parallelism: greedy equality, all-reduce cost"),
     ("memory_efficiency.py", [], "paged vs static KV slots, shared-prefix savings, KV formats under one byte budget"),
     ("miss_causes_cost.py", [], "miss attribution per admission vs the prefix lookup"),
@@ -169,6 +170,12 @@ def table() -> str:
                      f"{w['median']['restart {}']:.3f} ({got:,.0f} tokens from storage)",
                      f"cold {w['median']['cold']:.3f}; host-tier hit {w['median']['host']:.3f}",
                      f"{w['restart_over_cold']['{}']:.2f}x cold", "-", "`python benchmarks/storage_tier.py`", when(st)))
+    shared = (load("shared_store.json") or {}).get("replicas")
+    if shared:
+        rows.append((f"Shared Mooncake store: replica B's first request for the {shared['prompt_tokens']:,}-token prompt "
+                     "replica A served (TTFT s)", f"{shared['store_ttft_s']:.3f} ({shared['store_fraction']:.0%} from the "
+                     "store)", f"cold on B {shared['cold_ttft_s']:.3f}", f"{shared['ratio']:.2f}x cold", "-",
+                     "`python benchmarks/shared_store.py`", when(load("shared_store.json"))))
     comp, start = load("compile_forward.json"), load("startup.json")
     if comp:
         for kind, label in (("decode", "decode steps"), ("extend", "extends")):
@@ -373,6 +380,15 @@ def memory_table() -> str | None:
     return out + f"\n`python benchmarks/memory_efficiency.py`, {when(d)}.\n"
 
 
+def shared_store_table() -> str | None:
+    d = load("shared_store.json")
+    if not d:
+        return None
+    import shared_store  # (beside this script: it renders its own table)
+
+    return shared_store.table(d, when(d))
+
+
 def markers(name: str) -> tuple[str, str]:
     return f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
 
@@ -408,6 +424,7 @@ SECTIONS = {
     "kv-quant": kv_quant_table,
     "host-tier": host_tier_table,
     "storage-tier": storage_tier_table,
+    "shared-store": shared_store_table,
     "constrained": constrained_table,
     "tensor-parallel": tensor_parallel_table,
     "plan": plan_table,

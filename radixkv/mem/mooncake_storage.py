@@ -8,8 +8,10 @@ block size, pool layout) keeps models apart, the block hash (`block_hash`, chain
 request's cache namespace) keeps prefixes and tenants apart -- the same hash the disk tier, KV
 events and traces use.
 
-Value format: `b"RKVM1\\n"`, the identity (16 bytes), the key (16 bytes), the payload's CRC-32
-(u32, little-endian), the payload (one stored page: `PageLayout`). A value whose size, identity,
+Value format: a 64-byte header -- `b"RKVM1\\n"`, the identity (16 bytes), the key (16 bytes),
+the payload's CRC-32 (u32, little-endian), zeros -- then the payload (one stored page:
+`PageLayout`), read straight into a buffer of ours and viewed in place (the header's size
+keeps every tensor of the page aligned). A value whose size, identity,
 key or CRC does not match is a miss (and is removed from the store), never served.
 
 What is stored is the master's to keep or evict: this tier keeps no index of its own beyond
@@ -49,6 +51,7 @@ logger = logging.getLogger(__name__)
 
 MAGIC = b"RKVM1\n"
 _CRC = struct.Struct("<I")
+HEADER_BYTES = 64
 LOOKUP_BATCH = 16  # keys asked about in one RPC
 LOOKUP_TTL = 1.0  # seconds an answer about a key is reused
 HEALTH_SECONDS = 1.0  # how often the connection is checked
@@ -79,7 +82,8 @@ class MooncakeKVStorage(StorageTier):
         self.layout = PageLayout(page_shapes)
         self.page_bytes = self.layout.page_bytes
         self._prefix = f"radixkv/{identity.hex()}/"
-        self._header = len(MAGIC) + len(identity) + 16 + _CRC.size
+        self._header = HEADER_BYTES
+        assert len(MAGIC) + len(identity) + 16 + _CRC.size <= HEADER_BYTES
         self._batch_bytes = max(self.page_bytes, settings.local_buffer_size // 2)  # one put/get batch at most
         self._cls = _store_class()
         self._client: Any = None
@@ -242,7 +246,8 @@ class MooncakeKVStorage(StorageTier):
                 self._writes.task_done()
 
     def _value(self, key: bytes, payload: bytes) -> bytes:
-        return b"".join((MAGIC, self.identity, key, _CRC.pack(zlib.crc32(payload)), payload))
+        head = b"".join((MAGIC, self.identity, key, _CRC.pack(zlib.crc32(payload))))
+        return b"".join((head, bytes(HEADER_BYTES - len(head)), payload))
 
     def _put(self, keys: list[bytes], rows: list[torch.Tensor]) -> None:
         per = max(1, self._batch_bytes // (self.page_bytes + self._header))
@@ -289,10 +294,9 @@ class MooncakeKVStorage(StorageTier):
                 return
             part = keys[at:at + per]
             start = time.perf_counter()
-            values = self._client.get_batch([self._name(k) for k in part])
             got = 0
-            for key, value in zip(part, values):
-                page = self._check(key, value)
+            for key, page in zip(part, self._get(part)):
+                page = self._check(key, page)
                 if page is None:
                     break
                 fetch.add(page)
@@ -305,20 +309,37 @@ class MooncakeKVStorage(StorageTier):
             if got < len(part):
                 return
 
-    def _check(self, key: bytes, value: bytes | None) -> list[torch.Tensor] | None:
+    def _get(self, keys: list[bytes]) -> list[tuple[torch.Tensor, int] | None]:
+        """Each key's value read straight into one buffer of ours (registered with the store for
+        the call): (the value's bytes, its size as the store reported it), or None if absent."""
+        size = self._header + self.page_bytes
+        buf = torch.empty(len(keys) * size, dtype=torch.uint8)  # (not zeroed: the reads fill it)
+        base = buf.data_ptr()
+        client = self._client
+        if client.register_buffer(base, buf.numel()) != 0:
+            return [None] * len(keys)
+        try:
+            got = client.batch_get_into([self._name(k) for k in keys], [base + i * size for i in range(len(keys))],
+                                        [size] * len(keys))
+        finally:
+            client.unregister_buffer(base)
+        return [(buf[i * size:(i + 1) * size], n) if n > 0 else None for i, n in enumerate(got)]
+
+    def _check(self, key: bytes, value: tuple[torch.Tensor, int] | None) -> list[torch.Tensor] | None:
         """The page in `value` if it is whole and is `key`'s of this identity; else None (a
         value that is there but wrong is removed from the store)."""
-        if not value:
+        if value is None:
             with self._lock:
                 self._known[key] = (False, time.monotonic())
             return None  # evicted since it was looked up
+        data, n = value
+        view = memoryview(data.numpy()).cast("B")
         head = len(MAGIC) + len(self.identity)
-        ok = (len(value) == self._header + self.page_bytes and value[:len(MAGIC)] == MAGIC
-              and value[len(MAGIC):head] == self.identity and value[head:head + 16] == key)
-        payload = memoryview(value)[self._header:]
+        ok = (n == self._header + self.page_bytes and view[:len(MAGIC)] == MAGIC
+              and view[len(MAGIC):head] == self.identity and view[head:head + 16] == key)
         if ok:
-            (crc,) = _CRC.unpack_from(value, head + 16)
-            ok = zlib.crc32(payload) == crc
+            (crc,) = _CRC.unpack_from(view, head + 16)
+            ok = zlib.crc32(view[self._header:]) == crc
         if not ok:
             self.counters["corrupt_files"] += 1
             logger.warning("KV storage: Mooncake object %s failed its check; removed, read as a miss", self._name(key))
@@ -329,8 +350,7 @@ class MooncakeKVStorage(StorageTier):
             except Exception:
                 pass
             return None
-        data = torch.frombuffer(bytearray(payload), dtype=torch.uint8)  # (owned: the page outlives `value`)
-        return self.layout.decode(data)
+        return self.layout.decode(data, self._header)  # (views of this read's own buffer)
 
     # -- life ----------------------------------------------------------------------------------
     @property

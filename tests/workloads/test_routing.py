@@ -22,3 +22,15 @@ def test_cache_aware_routing_is_within_two_points_of_one_big_cache():
     assert aware.hit_rate >= one.hit_rate - 0.02 and aware.imbalance < 1.2
     assert rr.hit_rate < aware.hit_rate - 0.005
     assert aware.decisions["cache"] > 0
+
+
+@pytest.mark.skipif(not MOONCAKE.is_file(), reason="trace not present")
+def test_a_shared_store_gives_round_robin_replicas_what_any_of_them_computed():
+    trace = load_trace(MOONCAKE, 1500)
+    alone = replay_routed(trace, "round_robin", 2, 500_000, host_tokens=64_000)
+    shared = replay_routed(trace, "round_robin", 2, 500_000, host_tokens=64_000, store_tokens=4_000_000)
+    one = replay(trace, "lru", capacity_tokens=2 * 500_000, page_size=512)
+    assert alone.store_hit_tokens == 0 and shared.store_hit_tokens > 0
+    assert shared.hit_rate > alone.hit_rate + 0.02  # what the other replica computed now hits
+    assert shared.hit_rate >= one.hit_rate - 0.01  # as good as one big cache, whichever replica it lands on
+    assert shared.hit_tokens > shared.host_hit_tokens + shared.store_hit_tokens  # the device hits too
