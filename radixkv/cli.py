@@ -256,6 +256,10 @@ def run_serve(args: argparse.Namespace) -> int:
 
     config = EngineConfig.from_kwargs(**engine_options(args))  # validated here, once, for every worker
     server = server_config(args)
+    if config.runtime.node_rank > 0:  # another machine's share of the ranks: no HTTP, no scheduler
+        from radixkv.tp.node import serve_node
+
+        return serve_node(config)
     if server.dp != 1:
         from radixkv.router.launch import serve_data_parallel
 

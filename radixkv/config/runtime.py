@@ -46,6 +46,13 @@ class RuntimeConfig:
                        "holding 1/N of the attention heads, KV heads, MLP and vocabulary, joined by "
                        "torch.distributed (gloo on CPU, NCCL on CUDA: one GPU per rank); must divide the "
                        "model's attention and KV heads", aliases=["--tp"])  # SGLang's and vLLM's spelling
+    nnodes: int = opt(1, "machines the tensor-parallel ranks span (SGLang's flag): each runs tp_size / nnodes "
+                      "ranks; start `radixkv serve` on every machine with the same flags and its own --node-rank")
+    node_rank: int = opt(0, "this machine's place among --nnodes: 0 serves HTTP and runs the scheduler, "
+                         "the others only run their ranks")
+    dist_init_addr: str | None = opt(None, "HOST:PORT where node 0 hosts the ranks' rendezvous (a "
+                                     "torch.distributed TCPStore); every node gives the same; needed with "
+                                     "--nnodes > 1", metavar="HOST:PORT")
 
     def __post_init__(self) -> None:
         def check(ok: bool, name: str, why: str) -> None:
@@ -64,11 +71,25 @@ class RuntimeConfig:
         check(isinstance(self.tp_size, int) and self.tp_size >= 1, "tp_size", "must be a positive integer")
         check(not (self.compile == "on" and self.tp_size > 1), "compile",
               "'on' does not combine with tp_size > 1 (the collectives are not traced); use auto or off")
+        check(isinstance(self.nnodes, int) and self.nnodes >= 1, "nnodes", "must be a positive integer")
+        check(isinstance(self.node_rank, int) and 0 <= self.node_rank < self.nnodes, "node_rank",
+              f"must be in [0, nnodes) = [0, {self.nnodes})")
+        if self.nnodes > 1:
+            check(self.tp_size % self.nnodes == 0, "nnodes", f"must divide tp_size ({self.tp_size}): each node runs "
+                  "the same number of ranks")
+            check(self.tp_size > 1, "nnodes", "spans tensor-parallel ranks: give --tp > 1")
+            host, _, port = str(self.dist_init_addr or "").rpartition(":")
+            check(bool(host) and port.isdigit() and 0 < int(port) < 65536, "dist_init_addr",
+                  "--nnodes > 1 needs --dist-init-addr HOST:PORT (node 0's address, the same on every node)")
         if self.tp_size > 1 and self.torch_device.type == "cuda":
             check(self.device in ("auto", "cuda"), "tp_size", "with CUDA, the ranks take cuda:0..N-1: "
                   "give device=cuda (or auto), not one GPU")
-            check(_cuda_count() >= self.tp_size, "tp_size",
-                  f"needs one GPU per rank; this machine has {_cuda_count()}")
+            check(_cuda_count() >= self.tp_size // self.nnodes, "tp_size",
+                  f"needs one GPU per rank on each node; this machine has {_cuda_count()}")
+
+    @property
+    def ranks_per_node(self) -> int:
+        return self.tp_size // self.nnodes
 
     @property
     def torch_device(self) -> torch.device:

@@ -8,10 +8,11 @@ from radixkv.config import EngineConfig
 
 
 def rank_device(config: EngineConfig, rank: int) -> torch.device:
-    """The device of tensor-parallel rank `rank`: the config's, or `cuda:rank` with several GPUs."""
+    """The device of tensor-parallel rank `rank`: the config's, or `cuda:<its rank on its node>`
+    with several GPUs."""
     device = config.runtime.torch_device
     if device.type == "cuda" and config.runtime.tp_size > 1:
-        return torch.device("cuda", rank)
+        return torch.device("cuda", rank % config.runtime.ranks_per_node)
     return device
 
 

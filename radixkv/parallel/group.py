@@ -7,7 +7,8 @@ Two process groups span the ranks, both made from one `TCPStore` that rank 0 hos
   rank 0's sends are bounded; only a waiting rank's receive is not (it waits while the server
   is idle). A rank 0 that dies takes its ranks with it (see `radixkv.tp.worker`).
 
-gloo binds to 127.0.0.1: the ranks are processes of one machine.
+gloo binds to 127.0.0.1 when the ranks are processes of one machine; across machines
+(`--nnodes`), to the address this machine reaches node 0's rendezvous by (`gloo_host`).
 
 The groups are backend objects of this runtime, not torch's global default group, so an
 `Engine(tp_size=2)` inside a user's process leaves that process's `torch.distributed` alone.
@@ -16,6 +17,8 @@ The groups are backend objects of this runtime, not torch's global default group
 
 from __future__ import annotations
 
+import ipaddress
+import socket
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -28,9 +31,23 @@ SEND_TIMEOUT = timedelta(seconds=60)  # rank 0's broadcast: the others are alrea
 IDLE_FOREVER = timedelta(days=365)  # a rank waiting for rank 0's next message
 
 
-def _gloo(store: dist.Store, rank: int, size: int) -> dist.ProcessGroupGloo:
+def gloo_host(dist_init_addr: str | None) -> str:
+    """The address this machine's ranks take gloo connections on: loopback within one machine
+    (or when node 0 is this machine), else the local address of the route to node 0."""
+    if not dist_init_addr:
+        return "127.0.0.1"
+    host, _, port = dist_init_addr.rpartition(":")
+    ip = socket.gethostbyname(host)
+    if ipaddress.ip_address(ip).is_loopback:
+        return "127.0.0.1"
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:  # (no packet is sent: only a route is chosen)
+        s.connect((ip, int(port)))
+        return s.getsockname()[0]
+
+
+def _gloo(store: dist.Store, rank: int, size: int, hostname: str) -> dist.ProcessGroupGloo:
     options = dist.ProcessGroupGloo._Options()
-    options._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
+    options._devices = [dist.ProcessGroupGloo.create_device(hostname=hostname)]
     options._timeout = COMPUTE_TIMEOUT
     return dist.ProcessGroupGloo(store, rank, size, options)
 
@@ -75,7 +92,7 @@ class SingleRank:
 class TPGroup:
     """Rank `rank` of a `size`-rank tensor-parallel group (see the module docstring)."""
 
-    def __init__(self, store: dist.Store, rank: int, size: int, device: torch.device):
+    def __init__(self, store: dist.Store, rank: int, size: int, device: torch.device, hostname: str = "127.0.0.1"):
         self.rank, self.size, self.device = rank, size, device
         self.stats = CommStats()
         compute_store = dist.PrefixStore("compute", store)
@@ -84,8 +101,8 @@ class TPGroup:
             options._timeout = COMPUTE_TIMEOUT
             self.compute = dist.ProcessGroupNCCL(compute_store, rank, size, options)
         else:
-            self.compute = _gloo(compute_store, rank, size)
-        self.control = _gloo(dist.PrefixStore("control", store), rank, size)
+            self.compute = _gloo(compute_store, rank, size, hostname)
+        self.control = _gloo(dist.PrefixStore("control", store), rank, size, hostname)
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """Sum `x` over the ranks, in place; returns `x`."""

@@ -10,6 +10,12 @@ at once, by name, instead of after a collective's timeout:
 
 Then every forward is one `TPForward` broadcast, and `close` broadcasts `TPStop` and waits for
 the ranks to exit (killing any that do not). Ranks also die with rank 0 however it exits.
+
+Across machines (`--nnodes N`), rank 0 hosts the store at `--dist-init-addr` and starts only
+its own node's ranks; each other node's `radixkv serve --node-rank R` starts its ranks
+(`radixkv.tp.node`), which join through the same store. A node reports its ranks' failure
+(`node-down/R`) and beats (`beat/R`) while it runs; a node whose beat stops for `NODE_SILENT_S`
+is lost, as a local rank that exits is.
 """
 
 from __future__ import annotations
@@ -39,6 +45,20 @@ logger = logging.getLogger(__name__)
 
 START_TIMEOUT_S = 600.0  # loading a shard of a large checkpoint can take minutes
 STOP_TIMEOUT_S = 10.0
+NODE_SILENT_S = 10.0  # a node whose beat has not changed for this long is lost
+CHECK_EVERY_S = 1.0  # remote nodes are asked at most this often
+
+
+def split_addr(addr: str) -> tuple[str, int]:
+    host, _, port = addr.rpartition(":")
+    return host, int(port)
+
+
+def worker_command(rank: int, store_host: str, store_port: int, model_dir: Path, spec: str, gloo: str) -> list[str]:
+    """The command line of tensor-parallel rank `rank` > 0 (its parent is the calling process)."""
+    return [sys.executable, "-m", "radixkv.tp.worker", "--rank", str(rank), "--store-host", store_host,
+            "--store-port", str(store_port), "--parent-pid", str(os.getpid()), "--model-dir", str(model_dir),
+            "--config", spec, "--gloo-host", gloo]
 
 
 def _kill(procs: list[subprocess.Popen]) -> None:
@@ -57,8 +77,11 @@ class TPWorkers:
 
     def __init__(self, config: EngineConfig, store: dist.TCPStore, procs: list[subprocess.Popen]):
         self.size = config.runtime.tp_size
+        self.nodes = config.runtime.nnodes
         self.store = store
-        self.procs = procs
+        self.procs = procs  # this node's ranks 1..k-1
+        self._beats: dict[int, tuple[bytes, float]] = {}  # node -> (its last beat, when it changed)
+        self._asked = 0.0
         self.journal = KVJournal()
         self.group: TPGroup | None = None
         self.failed: str | None = None  # why the group is lost, once it is
@@ -67,22 +90,37 @@ class TPWorkers:
 
     @classmethod
     def launch(cls, config: EngineConfig, model_dir: Path) -> TPWorkers:
-        """Start ranks 1..N-1 and join the process groups with them (rank 0 is this process)."""
-        store = dist.TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=60), wait_for_workers=False)
+        """Start this node's ranks 1..k-1 and join the process groups with every rank (rank 0 is
+        this process; with `nnodes` > 1 the other nodes start theirs)."""
+        from radixkv.parallel.group import gloo_host
+
+        rt = config.runtime
+        if rt.node_rank != 0:
+            raise TensorParallelError("node_rank > 0 only runs ranks, under `radixkv serve --node-rank R`")
+        host, port = split_addr(rt.dist_init_addr) if rt.nnodes > 1 else ("127.0.0.1", 0)
+        try:
+            store = dist.TCPStore(host, port, None, True, timeout=timedelta(seconds=60), wait_for_workers=False)
+        except Exception as e:
+            raise TensorParallelError(f"dist_init_addr={rt.dist_init_addr!r}: cannot host the ranks' rendezvous "
+                                      f"there ({e})") from None
         spec = json.dumps(config.to_kwargs())
-        procs = [subprocess.Popen([sys.executable, "-m", "radixkv.tp.worker", "--rank", str(rank),
-                                   "--store-port", str(store.port), "--parent-pid", str(os.getpid()),
-                                   "--model-dir", str(model_dir), "--config", spec])
-                 for rank in range(1, config.runtime.tp_size)]
+        if rt.nnodes > 1:  # what the other nodes start their ranks with
+            from radixkv.mem.storage_identity import model_fingerprint
+
+            store.set("config", spec)
+            store.set("model", json.dumps(model_fingerprint(model_dir), sort_keys=True))
+        gloo = gloo_host(rt.dist_init_addr)
+        procs = [subprocess.Popen(worker_command(rank, "127.0.0.1", store.port, model_dir, spec, gloo))
+                 for rank in range(1, rt.ranks_per_node)]
         workers = cls(config, store, procs)
         try:
             workers._wait_for("alive", "start")
-            workers.group = TPGroup(store, 0, config.runtime.tp_size, rank_device(config, 0))
+            workers.group = TPGroup(store, 0, rt.tp_size, rank_device(config, 0), gloo)
         except BaseException:
             workers.close()
             raise
-        logger.info("tensor parallel: ranks 1..%d started (pids %s)", config.runtime.tp_size - 1,
-                    ", ".join(str(p.pid) for p in procs))
+        logger.info("tensor parallel: ranks 1..%d joined (this node's pids: %s)", config.runtime.tp_size - 1,
+                    ", ".join(str(p.pid) for p in procs) or "none")
         return workers
 
     def wait_loaded(self) -> None:
@@ -104,13 +142,6 @@ class TPWorkers:
         msg = forward_message(fb, self.journal.table_writes, self.journal.page_ops)
         self.journal.drain()  # only once the message holds them
         self._send(msg)
-
-    @property
-    def healthy(self) -> bool:
-        """Whether every rank is still there to compute (cheap: a `waitpid` per rank)."""
-        if self.failed is None and any(p.poll() is not None for p in self.procs):
-            self._check_ranks()
-        return self.failed is None and not self._closed
 
     def lost(self, cause: BaseException) -> TensorParallelError:
         """Mark the group lost after `cause` broke a joint forward (an error, or an interrupt
@@ -158,7 +189,7 @@ class TPWorkers:
             raise
 
     def _check_ranks(self) -> None:
-        """Set `failed` if a rank reported an error or exited."""
+        """Set `failed` if a rank reported an error or exited, or another node is down or silent."""
         for rank, p in enumerate(self.procs, start=1):
             if self.store.check([f"error/{rank}"]):
                 self.failed = f"tensor-parallel rank {rank} failed: {self.store.get(f'error/{rank}').decode()}"
@@ -167,6 +198,39 @@ class TPWorkers:
             if code is not None:
                 self.failed = f"tensor-parallel rank {rank} (pid {p.pid}) exited with code {code}"
                 return
+        if self.nodes > 1:
+            self._check_nodes()
+
+    def _check_nodes(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._asked < CHECK_EVERY_S:
+            return
+        self._asked = now
+        k = self.size // self.nodes
+        for node in range(1, self.nodes):
+            for rank in range(node * k, (node + 1) * k):
+                if self.store.check([f"error/{rank}"]):
+                    self.failed = f"tensor-parallel rank {rank} (node {node}) failed: " \
+                                  f"{self.store.get(f'error/{rank}').decode()}"
+                    return
+            if self.store.check([f"node-down/{node}"]):
+                self.failed = f"node {node} is down: {self.store.get(f'node-down/{node}').decode()}"
+                return
+            beat = self.store.get(f"beat/{node}") if self.store.check([f"beat/{node}"]) else b""
+            last = self._beats.get(node)
+            if last is None or last[0] != beat:
+                self._beats[node] = (beat, now)
+            elif beat and now - last[1] > NODE_SILENT_S:
+                self.failed = f"node {node} stopped answering (no beat for {NODE_SILENT_S:.0f} s)"
+                return
+
+    @property
+    def healthy(self) -> bool:
+        """Whether every rank is still there to compute (cheap: a `waitpid` per local rank; other
+        nodes are asked at most once a second)."""
+        if self.failed is None and (any(p.poll() is not None for p in self.procs) or self.nodes > 1):
+            self._check_ranks()
+        return self.failed is None and not self._closed
 
     def _wait_for(self, key: str, what: str) -> None:
         deadline = time.monotonic() + START_TIMEOUT_S

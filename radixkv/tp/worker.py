@@ -1,4 +1,5 @@
-"""Tensor-parallel ranks 1..N-1: `python -m radixkv.tp.worker` (started by rank 0).
+"""Tensor-parallel ranks 1..N-1: `python -m radixkv.tp.worker` (started by rank 0, or on
+another machine by that node's `radixkv serve --node-rank R`: `radixkv.tp.node`).
 
 A rank loads its shard of the model, builds a KV memory for its KV heads with the page count
 rank 0 chose, then serves rank 0's messages until `TPStop`: for each `TPForward` it replays rank
@@ -23,7 +24,8 @@ from pathlib import Path
 import torch.distributed as dist
 
 
-def serve_rank(rank: int, store: dist.Store, config, model_dir: Path, logger: logging.Logger) -> None:
+def serve_rank(rank: int, store: dist.Store, config, model_dir: Path, logger: logging.Logger,
+               gloo_host: str = "127.0.0.1") -> None:
     from radixkv.mem.kv_memory import KVMemory
     from radixkv.model.config import ModelConfig
     from radixkv.model.cpu_runtime import choose_num_threads
@@ -38,7 +40,7 @@ def serve_rank(rank: int, store: dist.Store, config, model_dir: Path, logger: lo
     device = rank_device(config, rank)
     use_rank_device(device)
     store.set(f"alive/{rank}", "1")
-    group = TPGroup(store, rank, config.runtime.tp_size, device)
+    group = TPGroup(store, rank, config.runtime.tp_size, device, gloo_host)
     shard = TPShard(rank, config.runtime.tp_size)
     model, _ = load_rank_model(config, model_dir, shard, group, device, progress=False)
     store.set(f"loaded/{rank}", "1")
@@ -69,8 +71,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m radixkv.tp.worker",
                                      description="A tensor-parallel rank > 0 (started by rank 0, not by hand).")
     parser.add_argument("--rank", type=int, required=True, help="this process's rank (1..tp_size-1)")
-    parser.add_argument("--store-port", type=int, required=True, help="rank 0's TCPStore port on 127.0.0.1")
-    parser.add_argument("--parent-pid", type=int, required=True, help="rank 0's pid: this rank dies with it")
+    parser.add_argument("--store-host", default="127.0.0.1", help="where rank 0's TCPStore is")
+    parser.add_argument("--store-port", type=int, required=True, help="rank 0's TCPStore port")
+    parser.add_argument("--gloo-host", default="127.0.0.1", help="the address this rank's gloo connections use")
+    parser.add_argument("--parent-pid", type=int, required=True,
+                        help="the pid of the process that started it (rank 0, or its node's): this rank dies with it")
     parser.add_argument("--model-dir", required=True, help="the resolved model directory")
     parser.add_argument("--config", required=True, help="the EngineConfig as JSON")
     args = parser.parse_args(argv)
@@ -81,9 +86,9 @@ def main(argv: list[str] | None = None) -> int:
     config = EngineConfig.from_kwargs(**json.loads(args.config))
     logger = become_child(args.parent_pid, config.telemetry.log_level, f"tp-rank{args.rank}", death_signal=False)
     watch_parent(args.parent_pid)
-    store = dist.TCPStore("127.0.0.1", args.store_port, None, False, timeout=timedelta(seconds=60))
+    store = dist.TCPStore(args.store_host, args.store_port, None, False, timeout=timedelta(seconds=60))
     try:
-        serve_rank(args.rank, store, config, Path(args.model_dir), logger)
+        serve_rank(args.rank, store, config, Path(args.model_dir), logger, args.gloo_host)
     except Exception as e:
         logger.exception("tensor-parallel rank %d failed", args.rank)
         try:
