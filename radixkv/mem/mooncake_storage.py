@@ -20,8 +20,9 @@ scheduler's thread is one batched RPC at most per `LOOKUP_BATCH` keys, and repea
 a waiting request cost none.
 
 Availability. Connecting runs in a thread (a missing master makes `setup` block for a long
-time); until it succeeds, and whenever the master's health check fails, the tier is
-*unavailable*: lookups miss and writes are skipped (counted), so serving goes on from the
+time); until it succeeds, whenever the master does not answer the link thread's probe (once a
+second), and from the first lookup that fails (Mooncake's RPC timeout is cut to 1 s, so a hung
+master holds the scheduler's thread that long at most, once), the tier is *unavailable*: lookups miss and writes are skipped (counted), so serving goes on from the
 device and host tiers. A warning is logged once when the store goes away and a line when it is
 back; a master that restarted lost its objects, so the answers remembered are dropped.
 
@@ -57,6 +58,7 @@ LOOKUP_TTL = 1.0  # seconds an answer about a key is reused
 HEALTH_SECONDS = 1.0  # how often the connection is checked
 RETRY_SECONDS = 3.0  # how long after a failed connect the next one starts
 SETUP_RETRIES = "1"  # Mooncake's client tries a missing master for ~90 s by default; once is ~4 s
+RPC_TIMEOUT_MS = "1000"  # a master that hangs would hold a lookup (on the scheduler's thread) for 30 s
 MAX_PENDING_BYTES = 256 << 20  # bytes queued for the writer at most; past it writes are skipped
 
 
@@ -105,7 +107,8 @@ class MooncakeKVStorage(StorageTier):
 
     # -- the connection ------------------------------------------------------------------------
     def _link_loop(self) -> None:
-        os.environ.setdefault("MC_STORE_CLIENT_SETUP_RETRIES", SETUP_RETRIES)  # (the user's setting wins)
+        os.environ.setdefault("MC_STORE_CLIENT_SETUP_RETRIES", SETUP_RETRIES)  # (the user's settings win)
+        os.environ.setdefault("MC_RPC_TIMEOUT_MS", RPC_TIMEOUT_MS)
         while not self._stop.is_set():
             if self._client is None:
                 store = self._cls()
@@ -122,8 +125,8 @@ class MooncakeKVStorage(StorageTier):
                     self._set_available(False, f"cannot connect (setup returned {rc})")
                     self._stop.wait(RETRY_SECONDS)
                 continue
-            try:
-                healthy = self._client.health_check() == 0
+            try:  # (the health check is local; a lookup is a round trip, bounded by RPC_TIMEOUT_MS)
+                healthy = self._client.health_check() == 0 and self._client.is_exist(self._prefix + "probe") >= 0
             except Exception:
                 healthy = False
             self._set_available(healthy, "its master does not answer")
@@ -164,6 +167,8 @@ class MooncakeKVStorage(StorageTier):
             except Exception:
                 got = [-1] * len(unknown)
             self.counters["lookups"] += 1
+            if any(g < 0 for g in got):  # (an error, not an answer: no more lookups until it answers again)
+                self._set_available(False, f"a lookup failed (code {min(got)})")
             with self._lock:
                 if len(self._known) > 1 << 16:
                     self._known.clear()

@@ -147,3 +147,29 @@ def test_no_master_at_start_then_it_comes_and_goes_and_comes_back(tmp_path, capl
             c.storage.close()
     finally:
         master.stop()
+
+
+def test_a_hung_master_holds_a_lookup_for_a_second_at_most_once(master):
+    import os
+    import signal
+
+    a, pool_a = replica(master.address)
+    connected(a)
+    key = list(range(8))
+    os.kill(master.proc.pid, signal.SIGSTOP)  # alive, answering nothing
+    try:
+        started = time.monotonic()
+        assert a.peek(key).storage_tokens == 0
+        assert time.monotonic() - started < 3  # Mooncake's default would be 30 s, on the scheduler's thread
+        assert not a.storage.available
+        started = time.monotonic()
+        for _ in range(20):  # later looks cost nothing while it is away
+            a.peek(key)
+        assert time.monotonic() - started < 0.5
+    finally:
+        os.kill(master.proc.pid, signal.SIGCONT)
+    until(lambda: a.storage.available, 30, "the store to answer again")
+    compute(a, pool_a, key, seed=9)
+    a.storage.flush()
+    assert a.storage.counters["written_pages"] == 4
+    a.storage.close()
