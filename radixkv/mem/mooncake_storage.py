@@ -63,6 +63,8 @@ MAX_PENDING_BYTES = 256 << 20  # bytes queued for the writer at most; past it wr
 
 
 def _store_class() -> Any:
+    if not logger.isEnabledFor(logging.DEBUG):  # Mooncake's own info lines only at --log-level debug
+        os.environ.setdefault("MC_LOG_LEVEL", "WARNING")
     try:
         from mooncake.store import MooncakeDistributedStore
     except ImportError as e:  # (checked at start-up too; a broken install lands here)
