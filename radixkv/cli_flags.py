@@ -35,6 +35,8 @@ def add_flag(group: argparse._ArgumentGroup, option: Field) -> None:
         kwargs["action"] = "store_true"
     elif "action" in option.metadata:
         kwargs.update(action=option.metadata["action"], metavar=option.metadata.get("metavar"))
+        if "nargs" in option.metadata:
+            kwargs["nargs"] = option.metadata["nargs"]
     else:
         kwargs["type"] = _TYPES.get(option.type, str)
         if "choices" in option.metadata:

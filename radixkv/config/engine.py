@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from radixkv.config.cache import CacheConfig, StorageConfig
+from radixkv.config.disagg import DisaggConfig
 from radixkv.config.runtime import RuntimeConfig
 from radixkv.config.scheduling import GrammarConfig, SchedulerConfig, SpeculativeConfig
 from radixkv.config.telemetry import TelemetryConfig
@@ -34,6 +35,7 @@ class EngineConfig:
     spec: SpeculativeConfig = _group(SpeculativeConfig, "speculative decoding")
     grammar: GrammarConfig = _group(GrammarConfig, "constrained decoding")
     telemetry: TelemetryConfig = _group(TelemetryConfig, "telemetry")
+    disagg: DisaggConfig = _group(DisaggConfig, "prefill/decode disaggregation")
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -57,6 +59,13 @@ class EngineConfig:
                                   f"({cache.page_size})")
             if runtime.tp_size != 1:
                 raise ConfigError(f"{what}: is not supported with tp_size > 1 yet")
+        if self.disagg.enabled:
+            what = f"disaggregation_mode={self.disagg.disaggregation_mode!r}"
+            if runtime.tp_size != 1:
+                raise ConfigError(f"{what}: is not supported with tp_size > 1 yet")
+            if cache.disable_radix_cache:
+                raise ConfigError(f"{what}: needs the radix cache (pages travel from and into the tree); "
+                                  "drop --disable-radix-cache")
         if self.spec.speculative_algorithm is not None and runtime.tp_size != 1:
             raise ConfigError(f"speculative_algorithm={self.spec.speculative_algorithm!r}: "
                               "does not combine with tp_size > 1 yet")

@@ -71,8 +71,9 @@ class EngineCore:
                                 self.stats.prefill_rate) if self.cache.reads_storage else None
         self.cache.track_evicted()  # remember evicted pages, to tell an evicted prefix from a new one
         self.proposer = self._proposer(config)
+        self.transfers = self._transfers(config)
         self.scheduler = Scheduler(config, self.memory, self.cache, self.limits, self.eos_ids, tokenizer,
-                                   self.proposer, prefetcher, self.stats)
+                                   self.proposer, prefetcher, self.stats, self.transfers)
         sampling = Sampling(Sampler(runner.device, config.scheduler.random_seed), self.eos_ids,
                             runner.model_config.vocab_size, self.stats)
         self.executor = Executor(runner, sampling)
@@ -110,6 +111,17 @@ class EngineCore:
             return DraftModelProposer.load(config, self.runner)
         return make_proposer(name, self.cache)
 
+    def _transfers(self, config: EngineConfig):
+        """This server's side of a prefill/decode pair (`radixkv.disagg.sides`), or None."""
+        if not config.disagg.enabled:
+            return None
+        from radixkv.disagg.sides import open_side
+
+        def reserve(pages: int) -> bool:
+            return self.scheduler.kv.reserve(pages)
+
+        return open_side(config, self.memory, self.cache, reserve, self.runner.model_dir)
+
     def _kv_event_publisher(self, config: EngineConfig) -> KVEventPublisher | None:
         """The KV event publisher `kv_events_config` asks for, with the cache recording for it;
         None when off (the cache then records nothing)."""
@@ -127,6 +139,7 @@ class EngineCore:
 
         A constrained request waits apart while its grammar compiles (off this loop)."""
         self.scheduler.check(req)
+        self.scheduler.prepare(req)
         spec = req.params.grammar
         compiling = False
         if spec is not None:
@@ -181,7 +194,7 @@ class EngineCore:
         If the forward fails, the scheduler rolls its batch back and ends its requests with an
         error output; the other requests keep running."""
         start = time.perf_counter()
-        outputs = self._receive_grammars()
+        outputs = self._receive_grammars() + self.scheduler.poll_transfers()
         out = self.scheduler.schedule()
         if not out.rows:
             if self.scheduler.only_compiling:
@@ -248,6 +261,8 @@ class EngineCore:
             self.recorder.close()
         if self.timeline is not None:
             self.timeline.close()
+        if self.transfers is not None:  # before the cache: its locks and pages go back first
+            self.transfers.close()
         self.cache.close()  # the storage tier persists what the device and host tiers hold, then stops
         if self.kv_events is not None:
             self.publish_kv_events()

@@ -19,6 +19,7 @@ from typing import Any
 
 from radixkv.ipc.codec import MessageCodec, ProtocolError, record, records
 from radixkv.outputs import ReqOutput, TextOutput
+from radixkv.bootstrap import Bootstrap
 from radixkv.retention import Retention
 from radixkv.sampling_params import LogprobParams, SamplingParams
 
@@ -36,6 +37,7 @@ class GenerateRequest:
     namespace: str | None = None
     logprob: LogprobParams = record(LogprobParams, default=LogprobParams())
     retention: Retention | None = record(Retention, default=None)
+    bootstrap: Bootstrap | None = record(Bootstrap, default=None)  # its prefill/decode pair's room
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,8 +27,9 @@ from radixkv.server.http.common import error_response
 routes = APIRouter()
 
 
-def create_router_app(settings: RouterSettings) -> FastAPI:
-    router = Router(settings)
+def create_router_app(settings: RouterSettings, router: Router | None = None) -> FastAPI:
+    """The app over `router` (default: a `Router` over `settings.workers`)."""
+    router = router if router is not None else Router(settings)
 
     async def lifespan(app):
         await router.start()

@@ -22,9 +22,17 @@ def serve_router(config: RouterConfig) -> int:
     import uvicorn
 
     setup_logging(config.log_level)
-    workers = config.workers
-    settings = RouterSettings(workers, config.policy, config.api_key, config.health_interval)
-    app = create_router_app(settings)
+    router = None
+    if config.pd_disaggregation:
+        from radixkv.router.pd import PDRouter
+
+        workers = (*[url for url, _ in config.prefill_servers], *config.decode_servers)
+        settings = RouterSettings(workers, config.policy, config.api_key, config.health_interval)
+        router = PDRouter(settings, config.prefill_servers, config.decode_servers)
+    else:
+        workers = config.workers
+        settings = RouterSettings(workers, config.policy, config.api_key, config.health_interval)
+    app = create_router_app(settings, router)
     server = uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port, log_level=config.log_level,
                                            access_log=config.log_level == "debug", timeout_graceful_shutdown=5))
 
@@ -32,7 +40,9 @@ def serve_router(config: RouterConfig) -> int:
         async def announce() -> None:
             while not server.started:
                 await asyncio.sleep(0.05)
-            print(f"radixkv router ready: http://{config.host}:{config.port} over {len(workers)} worker(s), "
+            what = (f"{len(config.prefill_servers)} prefill + {len(config.decode_servers)} decode server(s)"
+                    if config.pd_disaggregation else f"{len(workers)} worker(s)")
+            print(f"radixkv router ready: http://{config.host}:{config.port} over {what}, "
                   f"policy {config.policy}", flush=True)
         task = asyncio.create_task(announce())
         await server.serve()

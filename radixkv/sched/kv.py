@@ -152,8 +152,9 @@ class RequestKV:
     def flush(self) -> None:
         self.cache.reset()
 
-    def check(self, running: list[Req], waiting: list[Req], idle: bool) -> None:
-        """Pool, tree and requests agree: every page is free, cached or held by a running request.
+    def check(self, running: list[Req], waiting: list[Req], idle: bool, held: list[int] = ()) -> None:
+        """Pool, tree and requests agree: every page is free, cached, held by a running request,
+        or `held` otherwise (pages a disaggregated decode is receiving).
 
         Raises `CacheInvariantError` (never a bare assert, which `python -O` would drop)."""
         cached = self.cache.cached_pages()
@@ -164,6 +165,7 @@ class RequestKV:
                 inflight.update(p for p in req.seq.pages if p not in cached)
             for req in waiting:
                 req.check()
+            inflight.update(p for p in held if p not in cached)
         except AssertionError as e:
             raise CacheInvariantError(f"request state: {e}") from e
         self.cache.check_invariants(inflight_pages=len(inflight))

@@ -41,6 +41,7 @@ class Req:
     namespace: Any = None  # isolates cached prefixes (LoRA id, cache salt)
     logprob: LogprobParams = field(default_factory=LogprobParams)  # which log-probs to report
     retention: Retention | None = None  # how long to keep its prefixes cached (capped by the scheduler)
+    bootstrap: Any = None  # Bootstrap (radixkv.bootstrap): its prefill/decode pair's room, if any
     output_ids: list[int] = field(default_factory=list)
     status: ReqStatus = ReqStatus.WAITING
     finish_reason: dict[str, Any] | None = None
@@ -53,6 +54,7 @@ class Req:
     cached_tokens: int = 0  # prompt tokens served from the cache at first admission
     host_hit_tokens: int = 0  # of those, copied back from the host tier
     storage_hit_tokens: int = 0  # of those, read from the storage tier
+    transferred_tokens: int = 0  # prompt tokens a prefill server sent here (disaggregated decode)
     cache_causes: dict[str, int] | None = None  # the prompt split by why it hit or missed, at first admission
     admitted_once: bool = False
     passed_over: int = 0  # scheduling rounds this request was skipped (lpm starvation bound)

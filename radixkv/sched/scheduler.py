@@ -59,7 +59,7 @@ class Scheduler:
     def __init__(self, config: EngineConfig, memory: KVMemory, cache: PrefixCache, limits: RequestLimits,
                  eos_ids: frozenset[int] = frozenset(), decoder: Decoder | None = None,
                  proposer: Proposer | None = None, prefetcher: Prefetcher | None = None,
-                 stats: SchedulerStats | None = None):
+                 stats: SchedulerStats | None = None, transfers: Any = None):
         self.config = config
         self.memory = memory
         self.cache = cache
@@ -79,6 +79,9 @@ class Scheduler:
         self.admission = Admission(config, self.kv, self.policy, self.stats, self.waiting, self.running,
                                    proposer, limits.context_length, prefetcher, self._explain)
         self.post = PostProcessor(eos_ids, limits.context_length, decoder, self.stats)
+        self.transfers = transfers  # PrefillSide / DecodeSide (radixkv.disagg.sides) of a disaggregated server
+        if transfers is not None:
+            transfers.end_request = self._finish
 
     def _explain(self, req: Req) -> dict[str, int]:
         """`req`'s prompt by cause, at its first admission (see `radixkv.mem.miss_causes`). The
@@ -103,7 +106,16 @@ class Scheduler:
         """Whether `req` may be accepted now: a fresh id, and it could ever run here."""
         if req.rid in self.reqs:
             raise InvalidRequestError(f"request id {req.rid!r} is already in use")
+        if req.bootstrap is not None and self.transfers is None:
+            raise InvalidRequestError(f"bootstrap_room={req.bootstrap.room}: this server is not part of a "
+                                      "prefill/decode pair (--disaggregation-mode null); send it without the "
+                                      "bootstrap_* fields")
         self.validate(req)
+
+    def prepare(self, req: Req) -> None:
+        """What this server runs of a checked `req`: on a prefill server, its prompt alone."""
+        if req.bootstrap is not None:
+            self.transfers.prepare(req)
 
     def accept(self, req: Req, grammar_compiling: bool = False) -> None:
         """`req` passed `check`: it is the scheduler's until it finishes. Queued now, or when its
@@ -118,13 +130,26 @@ class Scheduler:
         if grammar_compiling:
             self.grammar_waiting.setdefault(req.params.grammar, []).append(req)
         else:
+            self._enqueue(req)
+
+    def _enqueue(self, req: Req) -> None:
+        """Queue `req`; one of a prefill/decode pair goes through its side (a decode server's
+        waits there for its prompt's pages first)."""
+        if req.bootstrap is not None:
+            self.transfers.accept(req, self.waiting)
+        else:
             self.waiting.append(req)
 
     def grammar_compiled(self, spec: GrammarSpec, matcher: Callable[[], Any]) -> None:
         """`spec` compiled: each request waiting for it gets its own `matcher()` and is queued."""
         for req in self.grammar_waiting.pop(spec, []):
             req.grammar = matcher()
-            self.waiting.append(req)
+            self._enqueue(req)
+
+    def poll_transfers(self) -> list[ReqOutput]:
+        """A disaggregated server's transfers: pages that arrived queue their requests, failed
+        transfers end theirs (their outputs), finished offers unlock."""
+        return self.transfers.poll(self.waiting) if self.transfers is not None else []
 
     def grammar_refused(self, spec: GrammarSpec, message: str, kind: ErrorKind) -> list[ReqOutput]:
         """`spec` cannot be compiled: the requests waiting for it end with that error."""
@@ -152,6 +177,8 @@ class Scheduler:
             return None
         if req in self.waiting:
             self.waiting.remove(req)
+        elif self.transfers is not None:
+            self.transfers.abort(req)
         if self.prefetcher is not None:
             self.prefetcher.forget(req)
         spec = req.params.grammar
@@ -164,7 +191,8 @@ class Scheduler:
 
     @property
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running or self.grammar_waiting)
+        return bool(self.waiting or self.running or self.grammar_waiting or
+                    (self.transfers is not None and self.transfers.busy))
 
     @property
     def only_compiling(self) -> bool:
@@ -183,9 +211,14 @@ class Scheduler:
         if decided is not None:
             return decided
         if not self.waiting or self.running:
+            if self.transfers is not None and self.transfers.busy and not self.running:
+                time.sleep(0.001)  # only transfers in flight: do not spin
             return ScheduleOutput([], 0)
         if self.prefetcher is not None and self.prefetcher.pending:  # requests wait on storage reads
             self.prefetcher.wait(0.002)
+            return ScheduleOutput([], 0)
+        if self.transfers is not None and self.transfers.busy:  # requests wait on their pages
+            time.sleep(0.001)
             return ScheduleOutput([], 0)
         req = self.waiting.popleft()
         logger.error("request %s cannot be admitted into an idle pool; aborting it", req.rid)
@@ -238,6 +271,8 @@ class Scheduler:
         req.finish_time = time.perf_counter()
         self.stats.finished_requests += 1
         del self.reqs[req.rid]
+        if req.bootstrap is not None:
+            self.transfers.finished(req, reason)
         for hook in self.on_finish:
             hook(req)
 
@@ -252,12 +287,14 @@ class Scheduler:
     def check_invariants(self) -> None:
         """Pool, tree and requests agree (`RequestKV.check`); raises `CacheInvariantError`."""
         compiling = [req for reqs in self.grammar_waiting.values() for req in reqs]
-        self.kv.check(self.running, list(self.waiting) + compiling, idle=not self.has_work)
+        held = self.transfers.held_pages() if self.transfers is not None else []
+        self.kv.check(self.running, list(self.waiting) + compiling, idle=not self.has_work, held=held)
 
     def get_stats(self) -> dict[str, Any]:
         """Counters, queue lengths and the KV pool's and tree's token counts."""
         return self.stats.to_dict() | {
-            "waiting_requests": len(self.waiting) + sum(map(len, self.grammar_waiting.values())),
+            "waiting_requests": len(self.waiting) + sum(map(len, self.grammar_waiting.values())) + (
+                self.transfers.waiting_requests if self.transfers is not None else 0),
             "running_requests": len(self.running),
             "max_cache_retention": self.config.cache.max_cache_retention,
-        } | self.kv.stats()
+        } | self.kv.stats() | (self.transfers.stats.to_dict() if self.transfers is not None else {})

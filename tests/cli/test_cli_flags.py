@@ -73,8 +73,12 @@ def test_router_flags_are_generated_from_router_config():
     config = router_config(parser.parse_args(["--worker", "http://a:1/", "--worker", "http://b:2", "--policy",
                                                "least_load"]))
     assert config.workers == ("http://a:1", "http://b:2") and config.policy == "least_load"
-    with pytest.raises(SystemExit):
-        parser.parse_args([])  # --worker is required
+    with pytest.raises(ConfigError, match="--worker"):
+        router_config(parser.parse_args([]))  # --worker is required (or --pd-disaggregation's servers)
+    pd = router_config(parser.parse_args(["--pd-disaggregation", "--prefill", "http://p:1", "9000", "--prefill",
+                                          "http://q:1", "none", "--prefill", "http://r:1/", "--decode", "http://d:2"]))
+    assert pd.prefill_servers == (("http://p:1", 9000), ("http://q:1", None), ("http://r:1", None))
+    assert pd.decode_servers == ("http://d:2",)
 
 
 @pytest.mark.parametrize("options,named", [
@@ -87,5 +91,24 @@ def test_router_flags_are_generated_from_router_config():
     ({"api_key": ""}, "--api-key"),
 ])
 def test_router_config_refuses_a_bad_value_naming_the_flag(options, named):
+    """(and the prefill/decode pairs below)"""
     with pytest.raises(ConfigError, match=named):
         RouterConfig(**{"worker": ("http://a:1",), **options})
+
+
+@pytest.mark.parametrize("options,named", [
+    ({"prefill": (("http://p:1",),)}, "--pd-disaggregation: give at least one --prefill URL and one --decode"),
+    ({"prefill": (("http://p:1", "99999"),), "decode": ("http://d:1",)}, "bootstrap port must be in 1..65535"),
+    ({"prefill": (("http://p:1", "1", "2"),), "decode": ("http://d:1",)}, "optionally a bootstrap port"),
+    ({"prefill": (("p:1",),), "decode": ("http://d:1",)}, "--prefill 'p:1'"),
+    ({"prefill": (("http://p:1",),), "decode": ("http://p:1",)}, "twice"),
+    ({"prefill": (("http://p:1",),), "decode": ("http://d:1",), "worker": ("http://w:1",)}, "--prefill and --decode instead"),
+])
+def test_pd_router_config_refuses_a_bad_pair_naming_the_flag(options, named):
+    with pytest.raises(ConfigError, match=named):
+        RouterConfig(**{"pd_disaggregation": True, **options})
+
+
+def test_prefill_and_decode_need_pd_disaggregation():
+    with pytest.raises(ConfigError, match="need --pd-disaggregation"):
+        RouterConfig(worker=("http://a:1",), decode=("http://d:1",))

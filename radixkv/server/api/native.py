@@ -8,6 +8,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
+from radixkv.bootstrap import bootstraps
 from radixkv.errors import InvalidRequestError
 from radixkv.results import Collected
 from radixkv.sampling_params import LogprobParams, SamplingParams
@@ -45,8 +46,11 @@ class Generate(Serving):
         if body.stream and len(job.prompts) != 1:
             raise InvalidRequestError("stream takes a single prompt and n=1")
         who = principal(self.request)
-        return [Generation(ids, p, lp, body.namespace, rid=rid, principal=who)
-                for ids, p, rid, lp in zip(job.prompts, job.params, job.rids, job.logprobs)]
+        rooms = bootstraps(body.bootstrap_host, body.bootstrap_port, body.bootstrap_room, len(job.prompts) // job.n)
+        if job.n > 1 and any(rooms):
+            raise InvalidRequestError("bootstrap_room: a prefill/decode pair runs one sample per prompt (n=1)")
+        return [Generation(ids, p, lp, body.namespace, rid=rid, principal=who, bootstrap=room)
+                for ids, p, rid, lp, room in zip(job.prompts, job.params, job.rids, job.logprobs, rooms * job.n)]
 
     async def prefill(self, generations: list[Generation]) -> None:
         """n > 1: compute each prompt once first, so its n samples read it from the cache."""

@@ -19,6 +19,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
+from radixkv.bootstrap import Bootstrap, bootstraps
 from radixkv.errors import InvalidRequestError
 from radixkv.results import Collected
 from radixkv.retention import Retention
@@ -81,13 +82,15 @@ class Job:
     cache is asked to keep its prefixes (`radixkv.retention`)."""
 
     def __init__(self, ids: list[int], params: list[SamplingParams], logprob: LogprobParams,
-                 namespace: str | None = None, echo: str | None = None, retention: Retention | None = None):
+                 namespace: str | None = None, echo: str | None = None, retention: Retention | None = None,
+                 bootstrap: Bootstrap | None = None):
         self.ids, self.params, self.logprob, self.namespace, self.echo = ids, params, logprob, namespace, echo
-        self.retention = retention
+        self.retention, self.bootstrap = retention, bootstrap
         self.cached: Chunk | None = None  # the prompt's lookup before this request's samples (n > 1)
 
     def generations(self) -> list[Generation]:
-        return [Generation(self.ids, p, self.logprob, self.namespace, self.retention) for p in self.params]
+        return [Generation(self.ids, p, self.logprob, self.namespace, self.retention, bootstrap=self.bootstrap)
+                for p in self.params]
 
     async def prefill_if_shared(self, manager: TokenizerManager) -> None:
         """n > 1: compute the prompt once, so every sample reads it from the cache."""
@@ -104,13 +107,16 @@ def jobs_for(manager: TokenizerManager, prompts: list[list[int]], body, max_toke
     logprob = body.logprob_params()
     namespace = salt_namespace(body.cache_salt)
     retention = openai_retention(body.prompt_cache_retention, body.prompt_cache_key)
-    for ids, echo in zip(prompts, echoes or [None] * len(prompts)):
+    rooms = bootstraps(body.bootstrap_host, body.bootstrap_port, body.bootstrap_room, len(prompts))
+    if body.n > 1 and any(rooms):
+        raise InvalidRequestError("bootstrap_room: a prefill/decode pair runs one sample per prompt (n=1)")
+    for ids, echo, room in zip(prompts, echoes or [None] * len(prompts), rooms):
         max_new = max_tokens if max_tokens is not None else max(0, manager.limits.context_length - len(ids))
         dicts = [sampling_dict(body, max_new, j) for j in range(body.n)]
         dicts = [with_call_grammar(d, tools) for d in dicts]
         params = [SamplingParams.from_dict(d) for d in dicts]
         manager.check(ids, params[0], logprob)
-        jobs.append(Job(ids, params, logprob, namespace, echo, retention))
+        jobs.append(Job(ids, params, logprob, namespace, echo, retention, room))
     return jobs
 
 

@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 from fastapi import Request
 
 from radixkv import tenancy
+from radixkv.bootstrap import Bootstrap
 from radixkv.errors import EngineError, InvalidRequestError, RadixKVError
 from radixkv.grammar_spec import normalise_json_schema
 from radixkv.mem.miss_causes import CAUSES
@@ -58,14 +59,15 @@ class Generation:
     rid: str | None = None  # the client's name for it
     principal: str = ""  # whose name `rid` is
     ticket: Ticket | None = None  # the room its body was admitted with (`TokenizerManager.admit`)
+    bootstrap: Bootstrap | None = None  # its prefill/decode pair's room (`radixkv.disagg`)
 
     def stream(self, manager: TokenizerManager) -> AsyncIterator[Chunk]:
         return manager.stream(self.ids, self.params, self.rid, self.namespace, self.logprob, self.principal,
-                              self.retention, self.ticket)
+                              self.retention, self.ticket, self.bootstrap)
 
     async def generate(self, manager: TokenizerManager) -> Result:
         return await manager.generate(self.ids, self.params, self.rid, self.namespace, self.logprob,
-                                      self.principal, self.retention, self.ticket)
+                                      self.principal, self.retention, self.ticket, self.bootstrap)
 
     def prefill(self) -> Generation:
         """The prompt alone (no token sampled): run once before n samples, it leaves the prompt

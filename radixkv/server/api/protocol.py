@@ -52,6 +52,10 @@ class GenerateBody(Strict):
     routing_key: str | None = None
     custom_labels: dict[str, str] | None = None
     data_parallel_rank: int | None = None
+    # prefill/decode disaggregation (SGLang's PD router adds these; see radixkv.disagg)
+    bootstrap_host: str | list[str | None] | None = None
+    bootstrap_port: int | list[int | None] | None = None
+    bootstrap_room: int | list[int | None] | None = None
     # features this server does not have: accepted only when off
     return_hidden_states: bool | list[bool] = False
     background: bool = False
@@ -68,9 +72,6 @@ class GenerateBody(Strict):
     modalities: list[str] | None = None
     session_params: dict[str, Any] | None = None
     custom_logit_processor: str | list[str | None] | None = None
-    bootstrap_host: str | list[str | None] | None = None
-    bootstrap_port: int | list[int | None] | None = None
-    bootstrap_room: int | list[int | None] | None = None
     bootstrap_pair_key: str | list[str | None] | None = None
 
     def refuse_features_it_lacks(self) -> None:
@@ -91,8 +92,7 @@ HINT_FIELDS = ("model", "log_metrics", "no_logs", "session_id", "conversation_id
                "data_parallel_rank")
 OFF_ONLY_FIELDS = ("return_hidden_states", "background", "return_bytes", "return_entropy", "return_routed_experts",
                    "token_ids_logprob", "lora_path", "lora_id", "image_data", "video_data", "audio_data",
-                   "input_embeds", "modalities", "session_params", "custom_logit_processor", "bootstrap_host",
-                   "bootstrap_port", "bootstrap_room", "bootstrap_pair_key")
+                   "input_embeds", "modalities", "session_params", "custom_logit_processor", "bootstrap_pair_key")
 
 
 def refuse_if_on(body: BaseModel, names: tuple[str, ...]) -> None:
@@ -258,6 +258,10 @@ class SamplingFields(Strict):
     skip_special_tokens: bool | None = None
     spaces_between_special_tokens: bool | None = None
     no_stop_trim: bool | None = None
+    # prefill/decode disaggregation (SGLang's PD router adds these; see radixkv.disagg)
+    bootstrap_host: str | None = None
+    bootstrap_port: int | None = None
+    bootstrap_room: int | None = None
     # SGLang router's: off only here (no LoRA adapters, no hidden states, no sessions)
     lora_path: str | None = None
     return_hidden_states: bool = False

@@ -58,7 +58,8 @@ async def server_info(request: Request):
             "ipc_directory": state.ipc_directory, "kv_pool": {k: stats[k] for k in POOL_FIELDS},
             "requests": {"running": stats["running_requests"], "waiting": stats["waiting_requests"]},
             "kv_events": kv_events_info(state.manager.info.get("kv_events"), stats),
-            "kv_storage": {k: v for k, v in stats.items() if k.startswith("storage_")} or None, "stats": stats}
+            "kv_storage": {k: v for k, v in stats.items() if k.startswith("storage_")} or None,
+            "disaggregation": {k: v for k, v in stats.items() if k.startswith("disagg")} or None, "stats": stats}
 
 
 def kv_events_info(described: dict[str, Any] | None, stats: dict[str, Any]) -> dict[str, Any] | None:

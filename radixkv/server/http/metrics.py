@@ -56,6 +56,14 @@ class ServerMetrics:
                  "before all pages arrived, or the tree already held some), since start"),
                 ("storage_prefetches_failed", "Storage prefetches cut short by a page that failed its check "
                  "or was evicted, since start"),
+                ("disagg_transfers", "Prefill/decode: prompts whose KV pages travelled (sent by a prefill "
+                 "server, received by a decode server), since start"),
+                ("disagg_transferred_tokens", "Prefill/decode: prompt tokens whose KV travelled, since start"),
+                ("disagg_transferred_bytes", "Prefill/decode: KV bytes that travelled, since start"),
+                ("disagg_transfer_seconds", "Prefill/decode: seconds spent writing KV pages, since start"),
+                ("disagg_local_prefix_tokens", "Decode server: prompt tokens of paired requests its own cache "
+                 "held (not pulled), since start"),
+                ("disagg_failed", "Prefill/decode: paired requests that ended without their pages, since start"),
                 ("tp_size", "Tensor-parallel ranks the model runs on"),
                 ("tp_all_reduce_ms_per_forward", "Tensor parallel: milliseconds per forward inside "
                  "all-reduces on rank 0 (waiting for the other ranks included), since start"),

@@ -97,7 +97,7 @@ class ZmqInbox:
             if self.to_detokenizer is not None:  # before any of its outputs, on the same socket
                 self.to_detokenizer.send(encode(DetokenizeParams.of(msg.rid, msg.params)))
             return AddRequest(Req(msg.rid, list(msg.input_ids), msg.params, namespace=msg.namespace,
-                                  logprob=msg.logprob, retention=msg.retention))
+                                  logprob=msg.logprob, retention=msg.retention, bootstrap=msg.bootstrap))
         if isinstance(msg, AbortMsg):
             return AbortRequest(msg.rid)
         if isinstance(msg, ControlRequest):

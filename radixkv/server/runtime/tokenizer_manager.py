@@ -51,6 +51,7 @@ from radixkv.ipc import (
 )
 from radixkv.outputs import TextOutput
 from radixkv.results import Collected
+from radixkv.bootstrap import Bootstrap
 from radixkv.retention import Retention
 from radixkv.sampling_params import LogprobParams, SamplingParams
 from radixkv.server.runtime.sockets import Endpoints
@@ -194,11 +195,11 @@ class TokenizerManager:
     async def stream(self, input_ids: list[int], params: SamplingParams, rid: str | None = None,
                      namespace: str | None = None, logprob: LogprobParams = NO_LOGPROBS,
                      principal: str = "", retention: Retention | None = None,
-                     ticket: Ticket | None = None) -> AsyncIterator[Chunk]:
+                     ticket: Ticket | None = None, bootstrap: Bootstrap | None = None) -> AsyncIterator[Chunk]:
         """Chunks of one request as they decode (named `rid` if the client named it). Leaving
         early (a client that disconnects) aborts the request, so its pages come back.
         `retention`: how long the client asks its prefixes to stay cached (the scheduler caps
-        it at --max-cache-retention).
+        it at --max-cache-retention). `bootstrap`: its prefill/decode pair's room (`radixkv.disagg`).
 
         Only a dead runtime refuses here: a request `check` accepted before draining began may
         still start its parts (the samples of n > 1 after their shared prefill)."""
@@ -215,7 +216,7 @@ class TokenizerManager:
         self.queues[request_id] = queue
         finished = False
         try:
-            self._send(GenerateRequest(request_id, input_ids, params, namespace, logprob, retention))
+            self._send(GenerateRequest(request_id, input_ids, params, namespace, logprob, retention, bootstrap))
             while not finished:
                 chunk = await queue.get()
                 finished = chunk.finished
@@ -230,11 +231,12 @@ class TokenizerManager:
     async def generate(self, input_ids: list[int], params: SamplingParams, rid: str | None = None,
                        namespace: str | None = None, logprob: LogprobParams = NO_LOGPROBS,
                        principal: str = "", retention: Retention | None = None,
-                       ticket: Ticket | None = None) -> tuple[str, Collected, Chunk]:
+                       ticket: Ticket | None = None, bootstrap: Bootstrap | None = None) -> tuple[str, Collected, Chunk]:
         """(text, everything it produced, last chunk) of one request; raises its error, if any."""
         text, collected = [], Collected()
         last = None
-        async for chunk in self.stream(input_ids, params, rid, namespace, logprob, principal, retention, ticket):
+        async for chunk in self.stream(input_ids, params, rid, namespace, logprob, principal, retention, ticket,
+                                       bootstrap):
             text.append(chunk.text)
             collected.add(chunk)
             last = chunk
