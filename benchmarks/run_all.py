@@ -44,6 +44,7 @@ SCRIPTS = [  # (script, arguments, what it measures)
     ("constrained.py", [], "constrained decoding: mask cost, jump-forward"),
     ("routing_replay.py", [], "routing policies over replicas on the Mooncake trace"),
     ("shared_store.py", [], "a Mooncake Store shared by replicas: two real replicas, the trace over N"),
+    ("disaggregation.py", [], "prefill/decode disaggregation vs one server: decode ITL under long prompts"),
     ("tensor_parallel.py", [], "tensor parallelism: greedy equality, all-reduce cost"),
     ("memory_efficiency.py", [], "paged vs static KV slots, shared-prefix savings, KV formats under one byte budget"),
     ("miss_causes_cost.py", [], "miss attribution per admission vs the prefix lookup"),
@@ -176,6 +177,14 @@ def table() -> str:
                      "replica A served (TTFT s)", f"{shared['store_ttft_s']:.3f} ({shared['store_fraction']:.0%} from the "
                      "store)", f"cold on B {shared['cold_ttft_s']:.3f}", f"{shared['ratio']:.2f}x cold", "-",
                      "`python benchmarks/shared_store.py`", when(load("shared_store.json"))))
+    pd = load("disaggregation.json")
+    pd_rows = {r["setup"]: r for r in (pd or {}).get("results", [])}
+    if "pd" in pd_rows and "colocated" in pd_rows:
+        a, b, w = pd_rows["pd"], pd_rows["colocated"], pd["workload"]
+        rows.append((f"Prefill/decode disaggregation: decode ITL p99 while {w['long_tokens']:,}-token prompts arrive (ms)",
+                     f"{a['itl_p99_ms']:.0f} (pd, one core each)", f"one server {b['itl_p99_ms']:.0f}",
+                     f"{a['itl_p99_ms'] / b['itl_p99_ms']:.2f}x one server (TTFT {a['ttft_p50_s'] / b['ttft_p50_s']:.2f}x)",
+                     "-", "`python benchmarks/disaggregation.py`", when(pd)))
     comp, start = load("compile_forward.json"), load("startup.json")
     if comp:
         for kind, label in (("decode", "decode steps"), ("extend", "extends")):
@@ -389,6 +398,15 @@ def shared_store_table() -> str | None:
     return shared_store.table(d, when(d))
 
 
+def disaggregation_table() -> str | None:
+    d = load("disaggregation.json")
+    if not d:
+        return None
+    import disaggregation  # (beside this script: it renders its own table)
+
+    return disaggregation.table(d, when(d))
+
+
 def markers(name: str) -> tuple[str, str]:
     return f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
 
@@ -425,6 +443,7 @@ SECTIONS = {
     "host-tier": host_tier_table,
     "storage-tier": storage_tier_table,
     "shared-store": shared_store_table,
+    "disaggregation": disaggregation_table,
     "constrained": constrained_table,
     "tensor-parallel": tensor_parallel_table,
     "plan": plan_table,

@@ -35,7 +35,7 @@ class EngineConfig:
     spec: SpeculativeConfig = _group(SpeculativeConfig, "speculative decoding")
     grammar: GrammarConfig = _group(GrammarConfig, "constrained decoding")
     telemetry: TelemetryConfig = _group(TelemetryConfig, "telemetry")
-    disagg: DisaggConfig = _group(DisaggConfig, "prefill/decode disaggregation")
+    disagg: DisaggConfig = _group(DisaggConfig, "prefill and decode disaggregation")
 
     def __post_init__(self) -> None:
         for f in fields(self):

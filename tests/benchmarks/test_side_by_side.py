@@ -113,3 +113,18 @@ def test_every_generated_table_has_one_place_in_the_docs():
         assert len(pages) == 1, (name, pages)
     assert run_all.pages_with("performance")[0].name == "benchmarks.md"
     assert "performance:begin" not in (REPO / "README.md").read_text()
+
+
+@pytest.mark.slow
+def test_disaggregation_benchmark_runs_small(tmp_path):
+    pytest.importorskip("mooncake.engine", reason="the Mooncake extra")
+    out = tmp_path / "pd.json"
+    proc = script("disaggregation.py", "--setups", "colocated,pd", "--streams", "2", "--stream-tokens", "16",
+                  "--long", "2", "--long-tokens", "300", "--gap", "0.3", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    rows = {r["setup"]: r for r in report["results"]}
+    assert set(rows) == {"colocated", "pd"} and report["cpu"]
+    assert rows["pd"]["disagg_transferred_tokens"] >= 2 * 299 and rows["pd"]["disagg_transferred_bytes"] > 0
+    assert all(r["itl_samples"] > 0 and r["ttft_p50_s"] > 0 for r in rows.values())
+    assert "ITL p99 vs colocated" in proc.stdout
