@@ -23,7 +23,7 @@ GREEDY = dict(max_new_tokens=8, temperature=0.0)
 
 
 def load(model, **options):
-    opts = dict(model=str(model), max_total_tokens=2048, log_level="warning", page_size=4)
+    opts = dict(model=str(model), max_total_tokens=2048, log_level="debug", page_size=4)  # debug: invariants every step
     return EngineCore.load(EngineConfig.from_kwargs(**{**opts, **options}), progress=False)
 
 
