@@ -213,3 +213,28 @@ def test_another_page_size_is_refused_as_another_layout(trio, tiny_model_dir):
         whole_pools(prefill, other)
     finally:
         other.close()
+
+
+def test_a_prefill_server_gone_after_its_offer_ends_the_pull_by_timeout(tiny_model_dir):
+    """The prefill side computes and offers, then its process goes (its bootstrap port and transfer
+    engine with it) before the decode side pulls: the pull times out, the request ends with an
+    error, and the decode pool is whole once the grace after the cancel has passed."""
+    model, port = tiny_model_dir("llama"), free_port()
+    prefill = load(model, disaggregation_mode="prefill", disaggregation_bootstrap_port=port)
+    decode = load(model, disaggregation_mode="decode", disaggregation_bootstrap_port=port,
+                  disaggregation_transfer_timeout=1.0)
+    try:
+        b = Bootstrap("127.0.0.1", port, 401)
+        prefill.add_request(Req("p401", prompt(13, 60), SamplingParams(**GREEDY), bootstrap=b))
+        while prefill.scheduler.reqs:  # computed and offered
+            prefill.step()
+        prefill.close()
+        decode.add_request(Req("d401", prompt(13, 60), SamplingParams(**GREEDY), bootstrap=b))
+        outs, start = [], time.monotonic()
+        while decode.has_work and time.monotonic() - start < 15:
+            outs += decode.step()
+        assert "no KV from the prefill server" in outs[-1].error
+        assert 1.9 < time.monotonic() - start < 10  # the timeout, then the grace before the pages go back
+        whole_pools(decode)
+    finally:
+        decode.close()
