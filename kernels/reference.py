@@ -212,3 +212,16 @@ def mla_decode_reference(
         p = (q[b].float() @ lat.T * sm_scale).softmax(-1)  # (H, n)
         out[b, :, :kv_lora_rank] = (p @ lat[:, :kv_lora_rank]).to(q.dtype)  # (H, R)
     return out
+
+
+def lora_sgmv_reference(y: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scaling: torch.Tensor,
+                        segments: list[tuple[int, int, int]]) -> torch.Tensor:
+    """The torch twin of `lora_sgmv.lora_sgmv`: for each (start, length, slot) with slot >= 0,
+    y[start:start + length] += scaling[slot] * (x[...] @ a[slot].T) @ b[slot].T. x (T, K),
+    a (S, R, K), b (S, N, R), y (T, N), in place; returns y."""
+    for start, length, slot in segments:
+        if slot < 0 or length == 0:
+            continue
+        rows = x[start:start + length]
+        y[start:start + length] += (rows @ a[slot].T) @ b[slot].T * scaling[slot]
+    return y

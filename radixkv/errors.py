@@ -51,6 +51,10 @@ class InvalidRequestError(RadixKVError, ValueError):
     """
 
 
+class LoRAInUse(InvalidRequestError):
+    """An adapter cannot be unloaded while requests run under it (HTTP 409)."""
+
+
 class EngineError(RadixKVError, RuntimeError):
     """The engine cannot serve a call: it was shut down, or its scheduler stopped making progress."""
 

@@ -64,3 +64,16 @@ def owner(space: Any) -> str:
 def visible(space: Any, viewer: str | None) -> bool:
     """Whether `viewer` (a principal; None: sees everything) may see what `space` holds."""
     return viewer is None or owner(space) == viewer
+
+
+LORA_PREFIX = "lora:"
+
+
+def lora_namespace(space: str | None, adapter_id: str | None) -> str | None:
+    """`space` for a request run under LoRA adapter `adapter_id` (None: the base model, `space`
+    unchanged): every layer's K and V depend on the adapter, so each adapter's prefixes are
+    cached apart from the base model's and every other adapter's, within the same owner."""
+    if adapter_id is None:
+        return space
+    tag = LORA_PREFIX + adapter_id
+    return tag if space is None else f"{space}{SEPARATOR}{tag}"

@@ -10,6 +10,7 @@ and `KVEventsConfig`.
     grammar    GrammarConfig      one grammar compile's time and memory budget
     telemetry  TelemetryConfig    logs, timeline, request trace, KV events
     disagg     DisaggConfig       prefill/decode disaggregation (disaggregation_*)
+    lora       LoRAConfig         LoRA adapters (enable_lora, lora_*, max_lora*)
 
 Option names stay flat where users write them (CLI flags, `radixkv.Engine(**options)`,
 `EngineConfig.from_kwargs`); code reads them through their group: `config.cache.page_size`.
@@ -17,6 +18,7 @@ Option names stay flat where users write them (CLI flags, `radixkv.Engine(**opti
 
 from radixkv.config.cache import CacheConfig, StorageConfig
 from radixkv.config.disagg import DisaggConfig
+from radixkv.config.lora import LoRAConfig
 from radixkv.config.engine import GROUPS, OPTION_GROUPS, EngineConfig
 from radixkv.config.fields import (EVICTION_POLICIES, LOG_LEVELS, SCHEDULE_POLICIES, SPECULATIVE_ALGORITHMS,
                                    STORAGE_PREFETCH_POLICIES, STORAGE_WRITE_POLICIES)
@@ -30,6 +32,6 @@ from radixkv.config.telemetry import TelemetryConfig
 __all__ = [
     "COMPILE_DEFAULT", "DTYPES", "EVICTION_POLICIES", "GROUPS", "KV_EVENTS_IGNORED_KEYS", "KV_EVENT_ENCODINGS",
     "LOG_LEVELS", "OPTION_GROUPS", "ROUTING_POLICIES", "SCHEDULE_POLICIES", "SPECULATIVE_ALGORITHMS", "STORAGE_PREFETCH_POLICIES",
-    "STORAGE_WRITE_POLICIES", "CacheConfig", "DisaggConfig", "EngineConfig", "GrammarConfig", "KVEventsConfig", "RouterConfig", "RuntimeConfig",
+    "STORAGE_WRITE_POLICIES", "CacheConfig", "DisaggConfig", "EngineConfig", "GrammarConfig", "KVEventsConfig", "LoRAConfig", "RouterConfig", "RuntimeConfig",
     "SchedulerConfig", "ServerConfig", "SpeculativeConfig", "StorageConfig", "TelemetryConfig",
 ]

@@ -14,6 +14,7 @@ from typing import Any
 
 from radixkv.config.cache import CacheConfig, StorageConfig
 from radixkv.config.disagg import DisaggConfig
+from radixkv.config.lora import LoRAConfig
 from radixkv.config.runtime import RuntimeConfig
 from radixkv.config.scheduling import GrammarConfig, SchedulerConfig, SpeculativeConfig
 from radixkv.config.telemetry import TelemetryConfig
@@ -36,6 +37,7 @@ class EngineConfig:
     grammar: GrammarConfig = _group(GrammarConfig, "constrained decoding")
     telemetry: TelemetryConfig = _group(TelemetryConfig, "telemetry")
     disagg: DisaggConfig = _group(DisaggConfig, "prefill and decode disaggregation")
+    lora: LoRAConfig = _group(LoRAConfig, "LoRA adapters")
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -66,6 +68,12 @@ class EngineConfig:
             if cache.disable_radix_cache:
                 raise ConfigError(f"{what}: needs the radix cache (pages travel from and into the tree); "
                                   "drop --disable-radix-cache")
+        if self.lora.enabled:
+            if runtime.tp_size != 1:
+                raise ConfigError("enable_lora: is not supported with tp_size > 1 yet")
+            if self.spec.speculative_algorithm == "draft":
+                raise ConfigError("enable_lora: does not combine with speculative_algorithm='draft' (the draft "
+                                  "model has no adapters)")
         if self.spec.speculative_algorithm is not None and runtime.tp_size != 1:
             raise ConfigError(f"speculative_algorithm={self.spec.speculative_algorithm!r}: "
                               "does not combine with tp_size > 1 yet")

@@ -25,7 +25,7 @@ from radixkv.config import EngineConfig
 from radixkv.constrained import Compiled, Refused
 from radixkv.core.executor import Executor
 from radixkv.core.sampling import Sampling
-from radixkv.errors import ErrorKind, InvalidRequestError
+from radixkv.errors import ErrorKind, InvalidRequestError, LoRAInUse
 from radixkv.mem import make_cache_manager
 from radixkv.model.runner import ModelRunner
 from radixkv.model.sampler import Sampler
@@ -38,6 +38,7 @@ from radixkv.sched.speculative import make_proposer
 from radixkv.sched.stats import SchedulerStats
 from radixkv.sched.timeline import open_timeline
 from radixkv.sched.trace_recorder import open_recorder
+from radixkv.tenancy import lora_namespace
 from radixkv.tp.launch import load_runner
 from radixkv.validation import RequestLimits
 
@@ -139,6 +140,9 @@ class EngineCore:
 
         A constrained request waits apart while its grammar compiles (off this loop)."""
         self.scheduler.check(req)
+        if req.lora is not None:
+            self._check_adapter(req)
+            req.namespace = lora_namespace(req.namespace, req.lora)  # each adapter caches apart
         self.scheduler.prepare(req)
         spec = req.params.grammar
         compiling = False
@@ -153,6 +157,43 @@ class EngineCore:
             else:
                 req.grammar = grammars.matcher(known)
         self.scheduler.accept(req, grammar_compiling=compiling)
+
+    def _check_adapter(self, req: Req) -> None:
+        lora = self.runner.lora
+        if lora is None:
+            raise InvalidRequestError("lora_path: this server serves no LoRA adapters (start it with --enable-lora)")
+        if lora.by_id(req.lora) is None:
+            raise InvalidRequestError(f"lora_path: adapter {req.lora!r} is not loaded (it was unloaded); loaded: "
+                                      f"{sorted(lora.adapters)}")
+
+    # -- LoRA adapters at run time (POST /load_lora_adapter, /unload_lora_adapter) ----------------
+    def load_lora(self, name: str, path: str) -> dict[str, str]:
+        """Load a PEFT adapter as `name`; raises `LoRAError` naming what is wrong (nothing changes)."""
+        lora = self._lora_manager()
+        lora.load(name, path)
+        return lora.listing()
+
+    def unload_lora(self, name: str) -> dict[str, str]:
+        """Unload adapter `name`; refused while requests run or wait under it (they keep running)."""
+        lora = self._lora_manager()
+        adapter = lora.adapters.get(name)
+        if adapter is not None:
+            users = [r for r in self.scheduler.reqs.values() if r.lora == adapter.id]
+            shared = [a for a in lora.adapters.values() if a.id == adapter.id and a.name != name]
+            if users and not shared:
+                raise LoRAInUse(f"lora_name={name!r}: {len(users)} request(s) run or wait under this adapter; "
+                                "unload it when they are done")
+        lora.unload(name)
+        return lora.listing()
+
+    def lora_adapters(self) -> dict[str, str]:
+        """name -> id of every loaded adapter ({} without LoRA)."""
+        return self.runner.lora.listing() if self.runner.lora is not None else {}
+
+    def _lora_manager(self):
+        if self.runner.lora is None:
+            raise InvalidRequestError("this server serves no LoRA adapters (start it with --enable-lora)")
+        return self.runner.lora
 
     def grammar_compiler(self):
         """The `GrammarService` compiling this model's grammars (started on first use)."""

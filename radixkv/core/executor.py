@@ -30,6 +30,8 @@ class Executor:
         batch = ScheduledBatch.build(out, self.runner.device)
         start = time.perf_counter()
         try:
+            if self.runner.lora is not None:
+                self.runner.prepare_lora([(len(row.tokens), row.req.lora) for row in out.rows])
             logits = self.runner.forward(batch.forward)  # (N, V): the rows batch.layout names
         except Exception as e:
             logger.exception("model forward failed; ending the %d request(s) of its batch", len(batch.rows))

@@ -38,6 +38,7 @@ class GenerateRequest:
     logprob: LogprobParams = record(LogprobParams, default=LogprobParams())
     retention: Retention | None = record(Retention, default=None)
     bootstrap: Bootstrap | None = record(Bootstrap, default=None)  # its prefill/decode pair's room
+    lora: str | None = None  # the id of the LoRA adapter it runs under (None: the base model)
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,12 +54,14 @@ CACHE_TREE_MAX_NODES = 2000
 @dataclass(frozen=True, slots=True)
 class ControlRequest:
     """Tokenizer manager -> scheduler: `kind` is "flush_cache", "stats", "cache_tree" (the top
-    `CACHE_TREE_MAX_NODES` nodes, `radixkv.mem.tree_view`) or "shutdown". `viewer`: whose
+    `CACHE_TREE_MAX_NODES` nodes, `radixkv.mem.tree_view`), "load_lora", "unload_lora",
+    "lora_adapters" or "shutdown". `viewer`: whose
     nodes a "cache_tree" shows (`radixkv.tenancy.visible`; None: all)."""
 
     call_id: str
     kind: str
     viewer: str | None = None
+    args: dict[str, Any] | None = None  # the call's arguments ("load_lora": lora_name, lora_path)
 
 
 @dataclass(frozen=True, slots=True)

@@ -66,7 +66,7 @@ class CompileChoice:
     reason: str
 
 
-def choose_compile(mode: str, device: torch.device, tp_size: int, moe: bool = False) -> CompileChoice:
+def choose_compile(mode: str, device: torch.device, tp_size: int, moe: bool = False, lora: bool = False) -> CompileChoice:
     """Resolve the `compile` option against this runner; `on` where it cannot work is an error.
 
     `auto` compiles where it was measured to pay: one CPU rank (`benchmarks/compile_forward.py`:
@@ -79,6 +79,11 @@ def choose_compile(mode: str, device: torch.device, tp_size: int, moe: bool = Fa
         raise ConfigError(f"compile={mode!r}: must be one of {COMPILE_MODES}")
     if mode == "off":
         return CompileChoice(False, "compile=off")
+    if lora:
+        if mode == "on":
+            raise ConfigError("compile='on' with LoRA adapters: each batch's adapter segments differ, which the "
+                              "one-graph trace cannot follow; use auto or off")
+        return CompileChoice(False, "LoRA adapters: each batch mixes its own")
     if moe:
         if mode == "on":
             raise ConfigError("compile='on' for a mixture-of-experts model: its expert dispatch depends "

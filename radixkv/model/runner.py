@@ -113,6 +113,7 @@ class ModelRunner:
             self._check_kernels()
         self.workers = workers  # tensor-parallel ranks 1..N-1, when tp_size > 1
         self.compiled: CompiledForward | None = None  # the compiled forward, when `compile` chose it
+        self.lora = None  # LoRAManager (radixkv.lora.pool), when LoRA adapters are enabled
 
     @classmethod
     def load(cls, config: EngineConfig, progress: bool = True, launch_peers: LaunchPeers | None = None
@@ -156,7 +157,9 @@ class ModelRunner:
             raise
         runner = cls(config, model, memory, model_dir, context_length, workers)
         runner.num_threads = num_threads
-        choice = choose_compile(config.runtime.compile, device, tp, moe=mc.moe is not None)
+        if config.lora.enabled:
+            runner.enable_lora()
+        choice = choose_compile(config.runtime.compile, device, tp, moe=mc.moe is not None, lora=config.lora.enabled)
         if choice.enabled:
             runner.start_compiled(cache_root(config.runtime.cache_dir))
         else:
@@ -178,6 +181,21 @@ class ModelRunner:
                     usable_cores(), f"{packed} linear layers prepacked for oneDNN" if packed
                     else "linear layers not prepacked (needs CPU + float32)")
         return runner
+
+    def enable_lora(self) -> None:
+        """Serve LoRA adapters: the adapter manager and its slots, the model's linears wrapped."""
+        from radixkv.lora.layers import apply_lora
+        from radixkv.lora.pool import LoRAManager
+
+        self.lora = LoRAManager(self.config, self.model_config, self.device, self.dtype,
+                                use_triton=self.backend.name == "triton")
+        apply_lora(self.model, self.lora.slots)
+
+    def prepare_lora(self, rows: list[tuple[int, str | None]]) -> None:
+        """The next forward's rows as (tokens, adapter id or None), in order (LoRA only)."""
+        if self.lora is not None:
+            by_id = self.lora.by_id
+            self.lora.slots.prepare([(n, by_id(a) if a is not None else None) for n, a in rows])
 
     def start_compiled(self, cache_root_dir: Path) -> None:
         """Compile the forward and check it once against eager mode on a small batch (a 3-token

@@ -114,6 +114,12 @@ class Admission:
             rows += self._admit(budget)
         return rows
 
+    def _adapter_fits(self, adapter: str) -> bool:
+        """Whether a request of LoRA adapter `adapter` may join the running ones: a forward
+        holds at most `max_loras_per_batch` distinct adapters."""
+        running = {r.lora for r in self.running if r.lora is not None}
+        return adapter in running or len(running) < self.config.lora.max_loras_per_batch
+
     def _admit(self, budget: int) -> list[BatchRow]:
         """Admit waiting requests in policy order until the budget, a row or memory runs out."""
         in_batch = InBatchPrefixes()
@@ -126,6 +132,8 @@ class Admission:
                 continue  # computed once by an earlier request of this batch, then hit
             if self.prefetcher is not None and not self.prefetcher.admit_ready(req):
                 continue  # its pages are still on their way from storage
+            if req.lora is not None and not self._adapter_fits(req.lora):
+                continue  # every adapter slot is taken by running requests' adapters
             chunk = min(budget, self.config.scheduler.chunked_prefill_size or req.seq_len)
             done = self.kv.admit(req, req.peeked, chunk, self.kv.headroom(self.running))
             req.peeked = None  # a look is good for this step only

@@ -42,6 +42,7 @@ class Req:
     logprob: LogprobParams = field(default_factory=LogprobParams)  # which log-probs to report
     retention: Retention | None = None  # how long to keep its prefixes cached (capped by the scheduler)
     bootstrap: Any = None  # Bootstrap (radixkv.bootstrap): its prefill/decode pair's room, if any
+    lora: str | None = None  # the id of the LoRA adapter it runs under (None: the base model)
     output_ids: list[int] = field(default_factory=list)
     status: ReqStatus = ReqStatus.WAITING
     finish_reason: dict[str, Any] | None = None

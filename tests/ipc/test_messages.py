@@ -66,7 +66,7 @@ def test_a_request_with_invalid_values_names_itself():
     row = SamplingParams(max_new_tokens=4).to_row()
     row[0] = -4  # max_new_tokens
     with pytest.raises(ProtocolError, match="max_new_tokens") as caught:
-        decode(msgpack.packb([0, "r9", [1, 2], row, None, [False, -1, 0], None, None]))
+        decode(msgpack.packb([0, "r9", [1, 2], row, None, [False, -1, 0], None, None, None]))
     assert caught.value.kind is GenerateRequest and caught.value.values[0] == "r9"
 
 
@@ -75,7 +75,7 @@ def test_a_request_with_invalid_values_names_itself():
 def test_a_request_with_an_invalid_retention_names_itself(retention, match):
     row = SamplingParams().to_row()
     with pytest.raises(ProtocolError, match=match) as caught:
-        decode(msgpack.packb([0, "r9", [1, 2], row, None, [False, -1, 0], retention, None]))
+        decode(msgpack.packb([0, "r9", [1, 2], row, None, [False, -1, 0], retention, None, None]))
     assert caught.value.kind is GenerateRequest and caught.value.values[0] == "r9"
 
 

@@ -27,6 +27,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
+from radixkv.errors import InvalidRequestError
 from radixkv.retention import Retention
 from radixkv.sampling_params import SamplingParams
 from radixkv.server.api.anthropic_protocol import (
@@ -99,7 +100,9 @@ class Prompt:
 
 
 def prompt_of(request: Request, body: PromptFields) -> Prompt:
-    check_model(request, body.model)
+    if check_model(request, body.model) is not None:
+        raise InvalidRequestError(f"model={body.model!r} is a LoRA adapter: adapters are served on /generate, "
+                                  "/v1/chat/completions and /v1/completions, not the Messages API yet")
     body.refuse_features_it_lacks()
     tokenizer = request.app.state.manager.tokenizer
     tools = anthropic_tool_set(body.tools, body.tool_choice)

@@ -49,8 +49,18 @@ class Generate(Serving):
         rooms = bootstraps(body.bootstrap_host, body.bootstrap_port, body.bootstrap_room, len(job.prompts) // job.n)
         if job.n > 1 and any(rooms):
             raise InvalidRequestError("bootstrap_room: a prefill/decode pair runs one sample per prompt (n=1)")
-        return [Generation(ids, p, lp, body.namespace, rid=rid, principal=who, bootstrap=room)
-                for ids, p, rid, lp, room in zip(job.prompts, job.params, job.rids, job.logprobs, rooms * job.n)]
+        loras = self.adapters(body.lora_path, len(job.prompts) // job.n)
+        return [Generation(ids, p, lp, body.namespace, rid=rid, principal=who, bootstrap=room, lora=lora)
+                for ids, p, rid, lp, room, lora in zip(job.prompts, job.params, job.rids, job.logprobs,
+                                                       rooms * job.n, loras * job.n)]
+
+    def adapters(self, given, n: int) -> list[str | None]:
+        """Each of `n` prompts' LoRA adapter id from `lora_path` (one name, or a list of n)."""
+        if isinstance(given, list):
+            if len(given) != n:
+                raise InvalidRequestError(f"lora_path: a list of {len(given)} for {n} prompt(s)")
+            return [self.manager.adapter_id(name, f"lora_path[{i}]") for i, name in enumerate(given)]
+        return [self.manager.adapter_id(given)] * n
 
     async def prefill(self, generations: list[Generation]) -> None:
         """n > 1: compute each prompt once first, so its n samples read it from the cache."""

@@ -83,14 +83,14 @@ class Job:
 
     def __init__(self, ids: list[int], params: list[SamplingParams], logprob: LogprobParams,
                  namespace: str | None = None, echo: str | None = None, retention: Retention | None = None,
-                 bootstrap: Bootstrap | None = None):
+                 bootstrap: Bootstrap | None = None, lora: str | None = None):
         self.ids, self.params, self.logprob, self.namespace, self.echo = ids, params, logprob, namespace, echo
-        self.retention, self.bootstrap = retention, bootstrap
+        self.retention, self.bootstrap, self.lora = retention, bootstrap, lora
         self.cached: Chunk | None = None  # the prompt's lookup before this request's samples (n > 1)
 
     def generations(self) -> list[Generation]:
-        return [Generation(self.ids, p, self.logprob, self.namespace, self.retention, bootstrap=self.bootstrap)
-                for p in self.params]
+        return [Generation(self.ids, p, self.logprob, self.namespace, self.retention, bootstrap=self.bootstrap,
+                           lora=self.lora) for p in self.params]
 
     async def prefill_if_shared(self, manager: TokenizerManager) -> None:
         """n > 1: compute the prompt once, so every sample reads it from the cache."""
@@ -99,7 +99,7 @@ class Job:
 
 
 def jobs_for(manager: TokenizerManager, prompts: list[list[int]], body, max_tokens: int | None,
-             echoes: list[str | None] | None = None, tools: ToolSet | None = None) -> list[Job]:
+             echoes: list[str | None] | None = None, tools: ToolSet | None = None, lora: str | None = None) -> list[Job]:
     """One `Job` per prompt; with `tools` forced (`required` or a named function), every sample
     is generated under the tools' call grammar."""
     check_choices(body)
@@ -116,7 +116,7 @@ def jobs_for(manager: TokenizerManager, prompts: list[list[int]], body, max_toke
         dicts = [with_call_grammar(d, tools) for d in dicts]
         params = [SamplingParams.from_dict(d) for d in dicts]
         manager.check(ids, params[0], logprob)
-        jobs.append(Job(ids, params, logprob, namespace, echo, retention, room))
+        jobs.append(Job(ids, params, logprob, namespace, echo, retention, room, lora))
     return jobs
 
 
@@ -141,7 +141,12 @@ class OpenAIServing(Serving):
         refuse_unsupported(raw, self.unsupported)
         body = self.body_model.model_validate(raw)
         body.refuse_features_it_lacks()
-        self.check_model(body.model)
+        self.lora = self.check_model(body.model)  # the model field may name a LoRA adapter
+        if body.lora_path is not None:
+            named = self.manager.adapter_id(body.lora_path)
+            if self.lora is not None and named != self.lora:
+                raise InvalidRequestError(f"lora_path={body.lora_path!r} and model={body.model!r} name different adapters")
+            self.lora = named
         return body
 
     def generations(self, jobs: list[Job]) -> list[Generation]:
@@ -178,7 +183,7 @@ class ChatCompletions(OpenAIServing):
         prompt = render_ids(self.manager.tokenizer, messages, self.tools,
                             continue_final_message=body.continue_final_message,
                             template_kwargs=body.chat_template_kwargs)
-        return self.generations(jobs_for(self.manager, [prompt], body, max_tokens, tools=self.tools))
+        return self.generations(jobs_for(self.manager, [prompt], body, max_tokens, tools=self.tools, lora=self.lora))
 
     def respond(self, body: ChatCompletionBody, generations: list[Generation], results: list[Result]) -> Any:
         (job,), tools = self.jobs, self.tools
@@ -207,7 +212,7 @@ class Completions(OpenAIServing):
     def build(self, body: CompletionBody) -> list[Generation]:
         prompts = completion_prompts(self.manager, body.prompt)
         echoes = echo_texts(self.manager, body, prompts) if body.echo else None
-        return self.generations(jobs_for(self.manager, prompts, body, body.max_tokens, echoes))
+        return self.generations(jobs_for(self.manager, prompts, body, body.max_tokens, echoes, lora=self.lora))
 
     def respond(self, body: CompletionBody, generations: list[Generation], results: list[Result]) -> Any:
         choices, completion, cached = [], 0, []
@@ -233,15 +238,26 @@ def model_card(request: Request) -> dict[str, Any]:
             "root": manager.info["model_dir"], "max_model_len": manager.limits.context_length}
 
 
+def adapter_card(request: Request, name: str) -> dict[str, Any]:
+    """A LoRA adapter as vLLM lists one: its own model, with the base model as its parent."""
+    base = request.app.state.settings.model_name
+    return {"id": name, "object": "model", "created": 0, "owned_by": "radixkv", "root": name, "parent": base,
+            "max_model_len": request.app.state.manager.limits.context_length}
+
+
 @router.get("/v1/models")
 async def models(request: Request):
-    return {"object": "list", "data": [model_card(request)]}
+    """The base model, then each LoRA adapter loaded."""
+    adapters = sorted(request.app.state.manager.lora_adapters)
+    return {"object": "list", "data": [model_card(request), *(adapter_card(request, a) for a in adapters)]}
 
 
 @router.get("/v1/models/{model_id:path}")
 async def model(request: Request, model_id: str):
-    """One model (`client.models.retrieve`): the served one, by its name or its directory."""
-    check_model(request, model_id)
+    """One model (`client.models.retrieve`): the served one, by its name or its directory, or an adapter."""
+    if check_model(request, model_id) is not None:
+        return adapter_card(request, model_id.rpartition(":")[2] if model_id not in
+                            request.app.state.manager.lora_adapters else model_id)
     return model_card(request)
 
 

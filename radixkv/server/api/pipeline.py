@@ -60,20 +60,21 @@ class Generation:
     principal: str = ""  # whose name `rid` is
     ticket: Ticket | None = None  # the room its body was admitted with (`TokenizerManager.admit`)
     bootstrap: Bootstrap | None = None  # its prefill/decode pair's room (`radixkv.disagg`)
+    lora: str | None = None  # the id of the LoRA adapter it runs under (None: the base model)
 
     def stream(self, manager: TokenizerManager) -> AsyncIterator[Chunk]:
         return manager.stream(self.ids, self.params, self.rid, self.namespace, self.logprob, self.principal,
-                              self.retention, self.ticket, self.bootstrap)
+                              self.retention, self.ticket, self.bootstrap, self.lora)
 
     async def generate(self, manager: TokenizerManager) -> Result:
         return await manager.generate(self.ids, self.params, self.rid, self.namespace, self.logprob,
-                                      self.principal, self.retention, self.ticket, self.bootstrap)
+                                      self.principal, self.retention, self.ticket, self.bootstrap, self.lora)
 
     def prefill(self) -> Generation:
         """The prompt alone (no token sampled): run once before n samples, it leaves the prompt
         in the cache for all of them."""
         return Generation(self.ids, SamplingParams(max_new_tokens=0), namespace=self.namespace,
-                          retention=self.retention)
+                          retention=self.retention, lora=self.lora)
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,8 +174,9 @@ class Serving:
                ) -> AsyncIterator[Event]:
         raise NotImplementedError
 
-    def check_model(self, name: str) -> None:
-        check_model(self.request, name)
+    def check_model(self, name: str) -> str | None:
+        """The LoRA adapter id the `model` field names (None: the base model); 404 if unknown."""
+        return check_model(self.request, name)
 
     def max_new_tokens(self, given: int | None, prompt_len: int) -> int:
         """`given`, or what the context leaves after the prompt."""
@@ -193,11 +195,19 @@ def in_client_terms(message: str, names: dict[str, str]) -> str:
     return message
 
 
-def check_model(request: Request, name: str) -> None:
+def check_model(request: Request, name: str) -> str | None:
+    """The LoRA adapter `name` names (None: the base model); 404 for a model this server lacks.
+    An adapter is named by its name, or as `BASE:ADAPTER` (SGLang's form)."""
     settings, manager = request.app.state.settings, request.app.state.manager
-    if name not in (settings.model_name, manager.info["model_dir"]):
-        raise HTTPError(404, f"model {name!r} does not exist; this server serves {settings.model_name!r} "
-                             f"(see GET /v1/models)", "not_found")
+    if name in (settings.model_name, manager.info["model_dir"]):
+        return None
+    base, sep, adapter = name.rpartition(":")
+    candidate = adapter if sep and base in (settings.model_name, manager.info["model_dir"]) else name
+    if candidate in manager.lora_adapters:
+        return manager.lora_adapters[candidate]
+    loras = f" or one of its LoRA adapters {sorted(manager.lora_adapters)}" if manager.lora_adapters else ""
+    raise HTTPError(404, f"model {name!r} does not exist; this server serves {settings.model_name!r}{loras} "
+                         f"(see GET /v1/models)", "not_found")
 
 
 def with_call_grammar(params: dict[str, Any], tools: ToolSet | None) -> dict[str, Any]:

@@ -52,6 +52,7 @@ class GenerateBody(Strict):
     routing_key: str | None = None
     custom_labels: dict[str, str] | None = None
     data_parallel_rank: int | None = None
+    lora_path: str | list[str | None] | None = None  # the LoRA adapter of each prompt, by name (None: the base model)
     # prefill/decode disaggregation (SGLang's PD router adds these; see radixkv.disagg)
     bootstrap_host: str | list[str | None] | None = None
     bootstrap_port: int | list[int | None] | None = None
@@ -63,7 +64,6 @@ class GenerateBody(Strict):
     return_entropy: bool = False
     return_routed_experts: bool = False
     token_ids_logprob: list[int] | list[list[int]] | None = None
-    lora_path: str | list[str | None] | None = None
     lora_id: str | list[str | None] | None = None
     image_data: Any = None
     video_data: Any = None
@@ -91,7 +91,7 @@ class GenerateBody(Strict):
 HINT_FIELDS = ("model", "log_metrics", "no_logs", "session_id", "conversation_id", "routing_key", "custom_labels",
                "data_parallel_rank")
 OFF_ONLY_FIELDS = ("return_hidden_states", "background", "return_bytes", "return_entropy", "return_routed_experts",
-                   "token_ids_logprob", "lora_path", "lora_id", "image_data", "video_data", "audio_data",
+                   "token_ids_logprob", "lora_id", "image_data", "video_data", "audio_data",
                    "input_embeds", "modalities", "session_params", "custom_logit_processor", "bootstrap_pair_key")
 
 
@@ -262,13 +262,13 @@ class SamplingFields(Strict):
     bootstrap_host: str | None = None
     bootstrap_port: int | None = None
     bootstrap_room: int | None = None
-    # SGLang router's: off only here (no LoRA adapters, no hidden states, no sessions)
-    lora_path: str | None = None
+    lora_path: str | None = None  # SGLang's: the LoRA adapter by name (the `model` field may name it too)
+    # SGLang router's: off only here (no hidden states, no sessions)
     return_hidden_states: bool = False
     session_params: dict[str, Any] | None = None
 
     def refuse_features_it_lacks(self) -> None:
-        refuse_if_on(self, ("lora_path", "return_hidden_states", "session_params"))
+        refuse_if_on(self, ("return_hidden_states", "session_params"))
         if self.seed is not None and self.sampling_seed is not None:
             raise InvalidRequestError("give seed or sampling_seed (SGLang's name for it), not both")
 

@@ -208,7 +208,9 @@ class CreateResponse(Serving):
     async def parse(self) -> ResponsesBody:
         body = ResponsesBody.model_validate(await json_body(self.request))
         body.refuse_features_it_lacks()
-        self.check_model(body.model)
+        if self.check_model(body.model) is not None:
+            raise InvalidRequestError(f"model={body.model!r} is a LoRA adapter: adapters are served on /generate, "
+                                      "/v1/chat/completions and /v1/completions, not the Responses API yet")
         return body
 
     def build(self, body: ResponsesBody) -> list[Generation]:

@@ -82,6 +82,46 @@ async def flush_cache(request: Request):
     return {"flushed": True}
 
 
+async def lora_body(request: Request, fields: tuple[str, ...]) -> dict[str, str]:
+    """The JSON object of a /load_lora_adapter or /unload_lora_adapter call: `fields`, strings."""
+    try:
+        body = await request.json()
+    except (ValueError, RecursionError):
+        raise HTTPError(400, "the body is not valid JSON", "invalid_request_error") from None
+    if not isinstance(body, dict):
+        raise HTTPError(400, "the body must be a JSON object", "invalid_request_error")
+    unknown = sorted(set(body) - set(fields))
+    if unknown:
+        raise HTTPError(400, f"{unknown[0]}: unknown field (this call takes {', '.join(fields)})", "invalid_request_error")
+    for name in fields:
+        if not isinstance(body.get(name), str) or not body[name]:
+            raise HTTPError(400, f"{name}: a non-empty string is required", "invalid_request_error")
+    return body
+
+
+@router.post("/load_lora_adapter")
+async def load_lora_adapter(request: Request):
+    """Load a PEFT LoRA adapter (`lora_name`, `lora_path`: a directory on the server), as SGLang
+    and vLLM name the call; a bad adapter is a 400 naming what is wrong, and the server keeps
+    serving. Only the admin key may, on a server with several keys: it reads the server's disk."""
+    if not is_admin(request):
+        raise HTTPError(403, "load_lora_adapter reads the server's disk: only the --admin-key may", "permission_error")
+    body = await lora_body(request, ("lora_name", "lora_path"))
+    adapters = (await request.app.state.manager.control("load_lora", args=body))["adapters"]
+    return {"success": True, "loaded": body["lora_name"], "adapters": sorted(adapters)}
+
+
+@router.post("/unload_lora_adapter")
+async def unload_lora_adapter(request: Request):
+    """Unload adapter `lora_name`: a 409 while requests run or wait under it (they keep running)."""
+    if not is_admin(request):
+        raise HTTPError(403, "unload_lora_adapter changes every tenant's models: only the --admin-key may",
+                        "permission_error")
+    body = await lora_body(request, ("lora_name",))
+    adapters = (await request.app.state.manager.control("unload_lora", args=body))["adapters"]
+    return {"success": True, "unloaded": body["lora_name"], "adapters": sorted(adapters)}
+
+
 @router.get("/cache_tree")
 async def cache_tree(request: Request, limit: int = 200):
     """The radix tree's top `limit` nodes by tokens x (hits + 1), each with a text preview (see

@@ -20,7 +20,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 
-from radixkv.errors import ErrorKind, Overloaded, RadixKVError, kind_of_error
+from radixkv.errors import ErrorKind, LoRAInUse, Overloaded, RadixKVError, kind_of_error
 from radixkv.json_text import check_depth
 
 DEFAULT_MAX_BODY_BYTES = 8 << 20
@@ -75,6 +75,8 @@ def error_of(e: BaseException) -> tuple[int, str, str]:
         return 400, validation_message(e), "invalid_request_error"
     if isinstance(e, Overloaded):
         return 429, str(e), "rate_limit_error"
+    if isinstance(e, LoRAInUse):
+        return 409, str(e), "conflict"
     if isinstance(e, RadixKVError):
         kind = kind_of_error(e)
         return STATUS_OF[kind], str(e), TYPE_OF[kind]

@@ -18,7 +18,7 @@ import zmq
 from radixkv.config import EngineConfig
 from radixkv.core import EngineCore
 from radixkv.core.loop import AbortRequest, AddRequest, CallCore, Command, SchedulerLoop, Stop
-from radixkv.errors import ErrorKind, RadixKVError
+from radixkv.errors import ErrorKind, InvalidRequestError, LoRAInUse, RadixKVError
 from radixkv.ipc import (
     AbortMsg,
     ControlReply,
@@ -38,9 +38,19 @@ from radixkv.procs import PARENT_POLL_MS, become_child, parent_alive
 from radixkv.sched import Req
 from radixkv.server.runtime.sockets import Endpoints
 
-CONTROLS = {"flush_cache": lambda s, viewer: {"flushed": s.flush_cache()},
-            "stats": lambda s, viewer: s.get_stats(),
-            "cache_tree": lambda s, viewer: tree_nodes(s.cache, MAX_NODES, viewer)}
+CONTROLS = {"flush_cache": lambda s, viewer, args: {"flushed": s.flush_cache()},
+            "stats": lambda s, viewer, args: s.get_stats(),
+            "cache_tree": lambda s, viewer, args: tree_nodes(s.cache, MAX_NODES, viewer),
+            "load_lora": lambda s, viewer, args: {"adapters": s.load_lora(args.get("lora_name"), args.get("lora_path"))},
+            "unload_lora": lambda s, viewer, args: {"adapters": s.unload_lora(args.get("lora_name"))},
+            "lora_adapters": lambda s, viewer, args: {"adapters": s.lora_adapters()}}
+
+
+def error_kind(error: BaseException) -> str:
+    """How the HTTP process reports a control call's failure: conflict (409), invalid (400), internal."""
+    if isinstance(error, LoRAInUse):
+        return "conflict"
+    return "invalid" if isinstance(error, InvalidRequestError) else "internal"
 
 
 def scheduler_info(scheduler: EngineCore, config: EngineConfig) -> dict[str, Any]:
@@ -54,7 +64,8 @@ def scheduler_info(scheduler: EngineCore, config: EngineConfig) -> dict[str, Any
             "dtype": str(scheduler.runner.dtype).replace("torch.", ""),
             "attention_backend": scheduler.runner.backend.name,
             "attention_backend_fallback": scheduler.runner.backend_fallback, "config": config.to_kwargs(),
-            "kv_events": scheduler.kv_events.describe() if scheduler.kv_events is not None else None}
+            "kv_events": scheduler.kv_events.describe() if scheduler.kv_events is not None else None,
+            "lora_adapters": scheduler.lora_adapters()}
 
 
 class ZmqInbox:
@@ -97,7 +108,8 @@ class ZmqInbox:
             if self.to_detokenizer is not None:  # before any of its outputs, on the same socket
                 self.to_detokenizer.send(encode(DetokenizeParams.of(msg.rid, msg.params)))
             return AddRequest(Req(msg.rid, list(msg.input_ids), msg.params, namespace=msg.namespace,
-                                  logprob=msg.logprob, retention=msg.retention, bootstrap=msg.bootstrap))
+                                  logprob=msg.logprob, retention=msg.retention, bootstrap=msg.bootstrap,
+                                  lora=msg.lora))
         if isinstance(msg, AbortMsg):
             return AbortRequest(msg.rid)
         if isinstance(msg, ControlRequest):
@@ -107,7 +119,7 @@ class ZmqInbox:
             if fn is None:
                 self.reply.send(encode(ControlReply(msg.call_id, False, {"error": f"unknown control {msg.kind!r}"})))
                 return None
-            command = CallCore(lambda s, fn=fn, viewer=msg.viewer: fn(s, viewer))
+            command = CallCore(lambda s, fn=fn, viewer=msg.viewer, args=msg.args or {}: fn(s, viewer, args))
             command.future.add_done_callback(lambda f, cid=msg.call_id: self._answer(cid, f))
             return command
         self.logger.error("unexpected %s on the scheduler's socket", type(msg).__name__)
@@ -115,7 +127,7 @@ class ZmqInbox:
 
     def _answer(self, call_id: str, future) -> None:
         error = future.exception()
-        reply = (ControlReply(call_id, False, {"error": str(error)}) if error
+        reply = (ControlReply(call_id, False, {"error": str(error), "kind": error_kind(error)}) if error
                  else ControlReply(call_id, True, future.result()))
         self.reply.send(encode(reply))
 

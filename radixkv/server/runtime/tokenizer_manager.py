@@ -34,6 +34,7 @@ from radixkv.errors import (
     EngineError,
     ErrorKind,
     InvalidRequestError,
+    LoRAInUse,
     Overloaded,
     ServiceUnavailable,
 )
@@ -111,6 +112,7 @@ class TokenizerManager:
         self._token_texts: dict[int, str] = {}
         self.calls: dict[str, asyncio.Future] = {}
         self.info: dict[str, Any] | None = None
+        self.lora_adapters: dict[str, str] = {}  # name -> id of each LoRA adapter loaded (kept by `control`)
         self.limits: RequestLimits | None = None
         self.dead: str | None = None  # why the runtime cannot serve, once it cannot
         self.draining: str | None = None  # why new requests are refused while in-flight ones finish
@@ -126,6 +128,7 @@ class TokenizerManager:
         """The scheduler's info once its model is loaded; raises if it failed to start."""
         self.info = await self._ready
         self.limits = RequestLimits(**self.info["limits"])
+        self.lora_adapters = dict(self.info.get("lora_adapters") or {})
         return self.info
 
     @property
@@ -195,7 +198,8 @@ class TokenizerManager:
     async def stream(self, input_ids: list[int], params: SamplingParams, rid: str | None = None,
                      namespace: str | None = None, logprob: LogprobParams = NO_LOGPROBS,
                      principal: str = "", retention: Retention | None = None,
-                     ticket: Ticket | None = None, bootstrap: Bootstrap | None = None) -> AsyncIterator[Chunk]:
+                     ticket: Ticket | None = None, bootstrap: Bootstrap | None = None,
+                     lora: str | None = None) -> AsyncIterator[Chunk]:
         """Chunks of one request as they decode (named `rid` if the client named it). Leaving
         early (a client that disconnects) aborts the request, so its pages come back.
         `retention`: how long the client asks its prefixes to stay cached (the scheduler caps
@@ -216,7 +220,7 @@ class TokenizerManager:
         self.queues[request_id] = queue
         finished = False
         try:
-            self._send(GenerateRequest(request_id, input_ids, params, namespace, logprob, retention, bootstrap))
+            self._send(GenerateRequest(request_id, input_ids, params, namespace, logprob, retention, bootstrap, lora))
             while not finished:
                 chunk = await queue.get()
                 finished = chunk.finished
@@ -231,12 +235,13 @@ class TokenizerManager:
     async def generate(self, input_ids: list[int], params: SamplingParams, rid: str | None = None,
                        namespace: str | None = None, logprob: LogprobParams = NO_LOGPROBS,
                        principal: str = "", retention: Retention | None = None,
-                       ticket: Ticket | None = None, bootstrap: Bootstrap | None = None) -> tuple[str, Collected, Chunk]:
+                       ticket: Ticket | None = None, bootstrap: Bootstrap | None = None,
+                       lora: str | None = None) -> tuple[str, Collected, Chunk]:
         """(text, everything it produced, last chunk) of one request; raises its error, if any."""
         text, collected = [], Collected()
         last = None
         async for chunk in self.stream(input_ids, params, rid, namespace, logprob, principal, retention, ticket,
-                                       bootstrap):
+                                       bootstrap, lora):
             text.append(chunk.text)
             collected.add(chunk)
             last = chunk
@@ -251,22 +256,37 @@ class TokenizerManager:
         self._send(AbortMsg(request_id))
         return True
 
-    async def control(self, kind: str, timeout: float = 60.0, viewer: str | None = None) -> dict[str, Any]:
-        """Ask the scheduler: "flush_cache", "stats" or "cache_tree" (of what `viewer` may see)."""
+    async def control(self, kind: str, timeout: float = 60.0, viewer: str | None = None,
+                      args: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Ask the scheduler: "flush_cache", "stats", "cache_tree" (of what `viewer` may see),
+        "load_lora" / "unload_lora" (`args`: lora_name, lora_path) or "lora_adapters"."""
         self._check_alive()
         call_id = uuid.uuid4().hex
         future = asyncio.get_running_loop().create_future()
         self.calls[call_id] = future
         try:
-            self._send(ControlRequest(call_id, kind, viewer))
+            self._send(ControlRequest(call_id, kind, viewer, args))
             reply: ControlReply = await asyncio.wait_for(future, timeout)
         except asyncio.TimeoutError:
             raise ServiceUnavailable(f"the scheduler did not answer {kind!r} within {timeout:.0f} s") from None
         finally:
             self.calls.pop(call_id, None)
         if not reply.ok:
-            raise EngineError(reply.result.get("error", f"{kind} failed"))
+            message = reply.result.get("error", f"{kind} failed")
+            raise {"conflict": LoRAInUse, "invalid": InvalidRequestError}.get(reply.result.get("kind"), EngineError)(message)
+        if "adapters" in reply.result:  # what LoRA adapters are loaded, as of this answer
+            self.lora_adapters = dict(reply.result["adapters"])
         return reply.result
+
+    def adapter_id(self, name: str | None, field: str = "lora_path") -> str | None:
+        """The id of the LoRA adapter `name` (None: the base model); 400 naming `field` if unknown."""
+        if name is None:
+            return None
+        adapter = self.lora_adapters.get(name)
+        if adapter is None:
+            known = sorted(self.lora_adapters) or "none (start the server with --enable-lora)"
+            raise InvalidRequestError(f"{field}={name!r}: no LoRA adapter of that name is loaded; loaded: {known}")
+        return adapter
 
     def shutdown_scheduler(self) -> None:
         try:
