@@ -45,6 +45,7 @@ SCRIPTS = [  # (script, arguments, what it measures)
     ("routing_replay.py", [], "routing policies over replicas on the Mooncake trace"),
     ("shared_store.py", [], "a Mooncake Store shared by replicas: two real replicas, the trace over N"),
     ("disaggregation.py", [], "prefill/decode disaggregation vs one server: decode ITL under long prompts"),
+    ("lora.py", [], "LoRA: N adapters mixed in one batch vs one adapter vs merged weights"),
     ("tensor_parallel.py", [], "tensor parallelism: greedy equality, all-reduce cost"),
     ("memory_efficiency.py", [], "paged vs static KV slots, shared-prefix savings, KV formats under one byte budget"),
     ("miss_causes_cost.py", [], "miss attribution per admission vs the prefix lookup"),
@@ -407,6 +408,15 @@ def disaggregation_table() -> str | None:
     return disaggregation.table(d, when(d))
 
 
+def lora_table() -> str | None:
+    d = load("lora.json")
+    if not d:
+        return None
+    import lora  # (beside this script: it renders its own table)
+
+    return lora.table(d, when(d))
+
+
 def markers(name: str) -> tuple[str, str]:
     return f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
 
@@ -444,6 +454,7 @@ SECTIONS = {
     "storage-tier": storage_tier_table,
     "shared-store": shared_store_table,
     "disaggregation": disaggregation_table,
+    "lora": lora_table,
     "constrained": constrained_table,
     "tensor-parallel": tensor_parallel_table,
     "plan": plan_table,

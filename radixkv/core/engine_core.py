@@ -87,6 +87,9 @@ class EngineCore:
             if telemetry is not None:
                 self.scheduler.on_finish.append(telemetry.finished)
         self.kv_events = self._kv_event_publisher(config)
+        self.adapter_use: dict[str, list[int]] = {}  # LoRA adapter id -> [requests, prompt tokens, cached tokens]
+        if config.lora.enabled:
+            self.scheduler.on_finish.append(self._count_adapter_use)
 
     @classmethod
     def load(cls, config: EngineConfig, progress: bool = True) -> EngineCore:
@@ -185,6 +188,20 @@ class EngineCore:
                                 "unload it when they are done")
         lora.unload(name)
         return lora.listing()
+
+    def _count_adapter_use(self, req: Req) -> None:
+        if req.lora is not None:
+            use = self.adapter_use.setdefault(req.lora, [0, 0, 0])
+            use[0], use[1], use[2] = use[0] + 1, use[1] + len(req.prompt_ids), use[2] + req.cached_tokens
+
+    def adapter_stats(self) -> dict[str, Any]:
+        """Per LoRA adapter (by name; an unloaded one by its id): requests, prompt tokens, cached
+        tokens and hit rate since start -- each adapter's cache is its own."""
+        names = {aid: name for name, aid in self.lora_adapters().items()}
+        return {"lora_adapters": [{"name": names.get(aid, f"(unloaded {aid})"), "id": aid, "requests": n,
+                                   "prompt_tokens": prompt, "cached_tokens": cached,
+                                   "hit_rate": cached / prompt if prompt else 0.0}
+                                  for aid, (n, prompt, cached) in self.adapter_use.items()]}
 
     def lora_adapters(self) -> dict[str, str]:
         """name -> id of every loaded adapter ({} without LoRA)."""
@@ -291,7 +308,8 @@ class EngineCore:
 
     def get_stats(self) -> dict[str, Any]:
         return self.scheduler.get_stats() | self.cache.host_stats() | self.cache.storage_stats() | self.runner.parallel_stats() | self.runner.compile_stats() | self.runner.moe_stats() | (
-            self.kv_events.stats() if self.kv_events is not None else {})
+            self.kv_events.stats() if self.kv_events is not None else {}) | (
+            self.adapter_stats() if self.runner.lora is not None else {})
 
     def close(self) -> None:
         """Stop the grammar compiler, the KV event publisher (after its last batch), the storage

@@ -80,6 +80,8 @@ class ServerMetrics:
                 ("expert_load_imbalance", "Mixture of experts: the busiest expert's tokens over the mean, "
                  "averaged over layers, since start (1 = even; 0 for a dense model)"),
             )}
+        self.lora_hit_rate = Gauge("radixkv_lora_hit_rate", "LoRA: cached / prompt tokens of each adapter's "
+                                   "requests, since start (each adapter caches apart)", ["adapter"], registry=r)
         self.expert_tokens = Gauge("radixkv_expert_tokens", "Mixture of experts: tokens routed to each "
                                    "expert of each layer, since start", ["layer", "expert"], registry=r)
 
@@ -104,6 +106,8 @@ class ServerMetrics:
         """Prometheus text exposition, with gauges set from the scheduler's `stats`."""
         for name, gauge in self.gauges.items():
             gauge.set(float(stats.get(name) or 0))
+        for row in stats.get("lora_adapters") or []:
+            self.lora_hit_rate.labels(adapter=row["name"]).set(row["hit_rate"])
         for layer, counts in (stats.get("expert_tokens") or {}).items():
             for expert, n in enumerate(counts):
                 self.expert_tokens.labels(layer=str(layer), expert=str(expert)).set(n)
