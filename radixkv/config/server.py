@@ -65,6 +65,17 @@ class ServerConfig:
         4096, "the most requests this server holds at once (each prompt of a batch and each sample of n "
               "counts); a body that needs more is refused whole with HTTP 400, one that does not fit beside "
               "those in flight with HTTP 429 (default: %(default)s)", metavar="N")
+    reasoning_parser: str | None = _flag(
+        None, "split a thinking model's output into reasoning and answer (SGLang's names): qwen3, glm45, "
+              "deepseek-v3 (the answer may open with <think>...</think>), qwen3-thinking, deepseek-r1 (the "
+              "prompt opens it); the chat API returns it as reasoning_content, the Responses API as a "
+              "reasoning item, the Messages API as a thinking block (default: none)",
+        choices=["qwen3", "glm45", "deepseek-v3", "qwen3-thinking", "deepseek-r1"])
+    tool_call_parser: str | None = _flag(
+        None, "the format a model writes tool calls in, parsed into tool_calls: hermes, qwen25, qwen3 "
+              "(<tool_call>{...}</tool_call>), mistral ([TOOL_CALLS] [...]), llama3 ({\"name\": ..., "
+              "\"parameters\": ...}) (default: hermes, the format tool_choice=required generates)",
+        choices=["hermes", "qwen25", "qwen3", "mistral", "llama3"])
     dp: int = _flag(1, "data parallelism: start this many workers (on ports PORT+1 .. PORT+N, each with these "
                   "engine flags) behind a cache-aware router on PORT (default: 1, no router)")
     dp_max_restarts: int = _flag(3, "with --dp N, start a worker that failed (killed, or its scheduler died) "

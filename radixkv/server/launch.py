@@ -186,7 +186,8 @@ def serve(config: EngineConfig, server: ServerConfig) -> int:
     settings = ServerSettings(name, server.api_keys, server.admin_key, server.cache_sharing,
                               server.max_body_bytes or DEFAULT_MAX_BODY_BYTES, server.shutdown_timeout,
                               server.responses_store_size, server.responses_store_ttl,
-                              server.responses_store_bytes, server.max_queued_requests)
+                              server.responses_store_bytes, server.max_queued_requests, server.reasoning_parser,
+                              server.tool_call_parser)
     quiet_compute_threads()  # the HTTP process only tokenizes and routes; children set their own
     if "torch" in sys.modules:  # (the tokenizer may bring it in later; quiet_compute_threads covers that)
         sys.modules["torch"].set_num_threads(1)

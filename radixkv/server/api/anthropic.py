@@ -38,13 +38,14 @@ from radixkv.server.api.anthropic_protocol import (
 )
 from radixkv.server.api.conversation import breakpoint_retention, render_ids
 from radixkv.server.api.pipeline import Generation, Result, Serving, Usage, check_model, only, with_call_grammar
+from radixkv.server.api.reasoning import ReasoningParser
 from radixkv.server.api.tool_shapes import anthropic_tool_set
 from radixkv.server.api.tools import (
     CallArgs,
     CallStart,
-    CallStream,
     ToolCall,
     ToolSet,
+    in_format,
     new_call_id,
 )
 from radixkv.server.http.app import Api
@@ -105,7 +106,7 @@ def prompt_of(request: Request, body: PromptFields) -> Prompt:
                                   "/v1/chat/completions and /v1/completions, not the Messages API yet")
     body.refuse_features_it_lacks()
     tokenizer = request.app.state.manager.tokenizer
-    tools = anthropic_tool_set(body.tools, body.tool_choice)
+    tools = in_format(anthropic_tool_set(body.tools, body.tool_choice), request.app.state.settings.tool_call_parser)
     conversation = conversation_of(body)
     ids = render_ids(tokenizer, conversation.messages, tools, continue_final_message=conversation.prefill)
     retention = breakpoint_retention(tokenizer, ids, conversation.marks, tools)
@@ -158,16 +159,25 @@ class Messages(Serving):
     def respond(self, body: MessagesBody, generations: list[Generation], results: list[Result]) -> Any:
         ((text, _, last),) = results
         prompt = self.prompt
+        parser = reasoning_of(self.request)
+        reasoning, text = parser.split(text) if parser is not None else (None, text)
         content, calls = prompt.tools.parse(text) if prompt.tools is not None else (text, [])
         calls = [c for c in calls if c.complete]  # one max_tokens cut: stop_reason says so, its input is not whole
-        blocks = ([{"type": "text", "text": content}] if content else []) + [tool_use_block(c) for c in calls]
+        blocks = ([{"type": "thinking", "thinking": reasoning, "signature": ""}] if reasoning else []) + \
+            ([{"type": "text", "text": content}] if content else []) + [tool_use_block(c) for c in calls]
         reason, sequence = stop_reason(last.finish_reason, bool(calls), body.stop_sequences)
         return {**self.meta, "content": blocks, "stop_reason": reason, "stop_sequence": sequence,
                 "usage": prompt.usage_of(Usage.of(len(prompt.ids), last.completion_tokens, [last]))}
 
     def events(self, body: MessagesBody, generations: list[Generation],
                chunks: AsyncIterator[tuple[int, Chunk]]) -> AsyncIterator[dict[str, Any]]:
-        return payloads(message_events(self.prompt, only(chunks), self.meta, body.stop_sequences))
+        return payloads(message_events(self.prompt, only(chunks), self.meta, body.stop_sequences,
+                                       reasoning_of(self.request)))
+
+
+def reasoning_of(request: Request) -> ReasoningParser | None:
+    name = request.app.state.settings.reasoning_parser
+    return ReasoningParser(name) if name is not None else None
 
 
 @router.post(PATH, openapi_extra=request_body(MessagesBody))
@@ -207,6 +217,24 @@ class ContentStream:
         self.blank = ""  # blank text held while no text block is open
         self.calls = 0
         self.open_call: tuple[str, int] | None = None  # (call id, block index) of the tool_use streaming
+        self.thinking_open = False
+
+    def thinking(self, text: str) -> list[Event]:
+        """A piece of the model's thinking (`--reasoning-parser`): a thinking block, before any other."""
+        if not text:
+            return []
+        events = []
+        if not self.thinking_open:
+            self.thinking_open, self.blocks = True, self.blocks + 1
+            events.append(("content_block_start", {"type": "content_block_start", "index": self.blocks - 1,
+                                                   "content_block": {"type": "thinking", "thinking": "", "signature": ""}}))
+        return events + [delta(self.blocks - 1, {"type": "thinking_delta", "thinking": text})]
+
+    def close_thinking(self) -> list[Event]:
+        if not self.thinking_open:
+            return []
+        self.thinking_open = False
+        return [("content_block_stop", {"type": "content_block_stop", "index": self.blocks - 1})]
 
     def text(self, text: str) -> list[Event]:
         if not self.text_open and not (self.blank + text).strip():
@@ -266,11 +294,13 @@ def delta(index: int, body: dict[str, Any]) -> Event:
 
 
 async def message_events(prompt: Prompt, chunks: AsyncIterator[Chunk], meta: dict[str, Any],
-                         stop_sequences: list[str] | None) -> AsyncIterator[Event]:
+                         stop_sequences: list[str] | None, reasoning: ReasoningParser | None = None
+                         ) -> AsyncIterator[Event]:
     """The Messages stream of one request's chunks (the first already came: it carries how
     much of the prompt the cache served, which `message_start` reports)."""
     content = ContentStream()
-    reader = CallStream(prompt.tools, pieces=True) if prompt.tools is not None and prompt.tools.parses_calls else None
+    reader = prompt.tools.reader(pieces=True) if prompt.tools is not None and prompt.tools.parses_calls else None
+    thinking = reasoning.stream() if reasoning is not None else None
     opened = False
     async for chunk in chunks:
         if not opened:
@@ -279,10 +309,18 @@ async def message_events(prompt: Prompt, chunks: AsyncIterator[Chunk], meta: dic
                 **meta, "content": [], "stop_reason": None, "stop_sequence": None,
                 "usage": prompt.usage_of(Usage.of(len(prompt.ids), 0, [chunk]))}}
             yield "ping", {"type": "ping"}
+        text = chunk.text
+        if thinking is not None:  # the thinking block comes first, closed once the answer starts
+            thought, text = thinking.push(text)
+            if chunk.finished:
+                more, rest = thinking.finish()
+                thought, text = thought + more, text + rest
+            for event in content.thinking(thought) + (content.close_thinking() if text or chunk.finished else []):
+                yield event
         if reader is None:
-            shown: list[str | ToolCall] = [chunk.text] if chunk.text else []
+            shown: list[str | ToolCall] = [text] if text else []
         else:
-            shown = reader.push(chunk.text) + (reader.finish() if chunk.finished else [])
+            shown = reader.push(text) + (reader.finish() if chunk.finished else [])
         for piece in shown:
             for event in content.text(piece) if isinstance(piece, str) else content.piece(piece):
                 yield event

@@ -19,111 +19,36 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
-from radixkv.bootstrap import Bootstrap, bootstraps
 from radixkv.errors import InvalidRequestError
 from radixkv.results import Collected
-from radixkv.retention import Retention
-from radixkv.sampling_params import LogprobParams, SamplingParams
 from radixkv.server.api.conversation import render_ids
+from radixkv.server.api.openai_jobs import (
+    Job,
+    call_json,
+    chat_finish_reason,
+    finish_reason_name,
+    job_cached,
+    jobs_for,
+    openai_usage,
+)
 from radixkv.server.api.openai_logprobs import chat_logprobs, completion_logprobs
-from radixkv.server.api.pipeline import Generation, Result, Serving, Usage, check_model, with_call_grammar
+from radixkv.server.api.reasoning import ReasoningParser
+from radixkv.server.api.pipeline import Generation, Result, Serving, Usage, check_model
 from radixkv.server.api.protocol import (
     UNSUPPORTED_CHAT,
     UNSUPPORTED_COMPLETION,
     ChatCompletionBody,
     CompletionBody,
-    check_choices,
-    openai_retention,
     refuse_unsupported,
-    sampling_dict,
 )
 from radixkv.server.api.tool_shapes import openai_tool_set
-from radixkv.server.api.tools import CallArgs, CallStart, CallStream, ToolCall, ToolSet
+from radixkv.server.api.tools import CallArgs, CallStart, ToolSet, in_format
 from radixkv.server.http.app import Api
 from radixkv.server.http.common import all_or_none, json_body, request_body
 from radixkv.server.runtime.tokenizer_manager import Chunk, TokenizerManager
-from radixkv.tenancy import salt_namespace
 from radixkv.validation import check_token_ids
 
 router = APIRouter()
-
-
-def finish_reason_name(reason: dict[str, Any] | None) -> str | None:
-    return None if reason is None else reason.get("type")
-
-
-def chat_finish_reason(reason: dict[str, Any] | None, called: bool) -> str | None:
-    """OpenAI's chat finish reason: `tool_calls` when the output ended (not cut) on calls."""
-    name = finish_reason_name(reason)
-    return "tool_calls" if called and name == "stop" else name
-
-
-def call_json(call: ToolCall, index: int | None = None) -> dict[str, Any]:
-    """A tool call as OpenAI's chat API shows it (with `index` in a stream's delta)."""
-    out = {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
-    return out if index is None else {"index": index, **out}
-
-
-def openai_usage(usage: Usage) -> dict[str, Any]:
-    """OpenAI's usage: where the cached tokens came from (`{device, host, storage}`) beside
-    their sum, as SGLang does (`cached_tokens_details`), and every prompt token by why it hit or
-    missed (`cache`, `radixkv.mem.miss_causes`; omitted where a lookup was not explained)."""
-    details: dict[str, Any] = {"cached_tokens": usage.cached_tokens, "cached_tokens_details": usage.cached}
-    if usage.causes is not None:
-        details["cache"] = usage.causes
-    return {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
-            "total_tokens": usage.total_tokens, "prompt_tokens_details": details}
-
-
-class Job:
-    """One prompt and its n samples, validated; knows how much of the prompt was cached.
-    `namespace`: the request's `cache_salt` namespace (None: the shared tree); `echo`: the
-    prompt's text, to put before each completion (OpenAI's `echo`); `retention`: how long the
-    cache is asked to keep its prefixes (`radixkv.retention`)."""
-
-    def __init__(self, ids: list[int], params: list[SamplingParams], logprob: LogprobParams,
-                 namespace: str | None = None, echo: str | None = None, retention: Retention | None = None,
-                 bootstrap: Bootstrap | None = None, lora: str | None = None):
-        self.ids, self.params, self.logprob, self.namespace, self.echo = ids, params, logprob, namespace, echo
-        self.retention, self.bootstrap, self.lora = retention, bootstrap, lora
-        self.cached: Chunk | None = None  # the prompt's lookup before this request's samples (n > 1)
-
-    def generations(self) -> list[Generation]:
-        return [Generation(self.ids, p, self.logprob, self.namespace, self.retention, bootstrap=self.bootstrap,
-                           lora=self.lora) for p in self.params]
-
-    async def prefill_if_shared(self, manager: TokenizerManager) -> None:
-        """n > 1: compute the prompt once, so every sample reads it from the cache."""
-        if len(self.params) > 1:
-            _, _, self.cached = await self.generations()[0].prefill().generate(manager)
-
-
-def jobs_for(manager: TokenizerManager, prompts: list[list[int]], body, max_tokens: int | None,
-             echoes: list[str | None] | None = None, tools: ToolSet | None = None, lora: str | None = None) -> list[Job]:
-    """One `Job` per prompt; with `tools` forced (`required` or a named function), every sample
-    is generated under the tools' call grammar."""
-    check_choices(body)
-    jobs = []
-    logprob = body.logprob_params()
-    namespace = salt_namespace(body.cache_salt)
-    retention = openai_retention(body.prompt_cache_retention, body.prompt_cache_key)
-    rooms = bootstraps(body.bootstrap_host, body.bootstrap_port, body.bootstrap_room, len(prompts))
-    if body.n > 1 and any(rooms):
-        raise InvalidRequestError("bootstrap_room: a prefill/decode pair runs one sample per prompt (n=1)")
-    for ids, echo, room in zip(prompts, echoes or [None] * len(prompts), rooms):
-        max_new = max_tokens if max_tokens is not None else max(0, manager.limits.context_length - len(ids))
-        dicts = [sampling_dict(body, max_new, j) for j in range(body.n)]
-        dicts = [with_call_grammar(d, tools) for d in dicts]
-        params = [SamplingParams.from_dict(d) for d in dicts]
-        manager.check(ids, params[0], logprob)
-        jobs.append(Job(ids, params, logprob, namespace, echo, retention, room, lora))
-    return jobs
-
-
-def job_cached(job: Job, lasts: list[Chunk]) -> Chunk:
-    """The chunk that says what the cache held of the prompt: the first sample's, or, when the
-    prompt was prefilled once for n samples, that prefill's."""
-    return job.cached if job.cached is not None else lasts[0]
 
 
 class OpenAIServing(Serving):
@@ -178,19 +103,29 @@ class ChatCompletions(OpenAIServing):
         if not body.messages:
             raise InvalidRequestError("messages must not be empty")
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-        self.tools = openai_tool_set(body.tools, body.tool_choice, body.parallel_tool_calls)
+        self.tools = in_format(openai_tool_set(body.tools, body.tool_choice, body.parallel_tool_calls),
+                               self.settings.tool_call_parser)
         messages = [m.template_message(f"messages[{i}]") for i, m in enumerate(body.messages)]
         prompt = render_ids(self.manager.tokenizer, messages, self.tools,
                             continue_final_message=body.continue_final_message,
                             template_kwargs=body.chat_template_kwargs)
         return self.generations(jobs_for(self.manager, [prompt], body, max_tokens, tools=self.tools, lora=self.lora))
 
+    def reasoning(self, body: ChatCompletionBody) -> ReasoningParser | None:
+        """The reasoning parser this request's output goes through (None: its text is all content)."""
+        name = self.settings.reasoning_parser
+        return ReasoningParser(name) if name is not None and body.separate_reasoning else None
+
     def respond(self, body: ChatCompletionBody, generations: list[Generation], results: list[Result]) -> Any:
         (job,), tools = self.jobs, self.tools
+        parser = self.reasoning(body)
         choices = []
         for j, (text, got, last) in enumerate(results):
+            reasoning, text = parser.split(text) if parser is not None else (None, text)
             content, calls = tools.parse(text) if tools is not None else (text, [])
             message: dict[str, Any] = {"role": "assistant", "content": content}
+            if parser is not None:
+                message["reasoning_content"] = reasoning
             if calls:
                 message["tool_calls"] = [call_json(c) for c in calls]
             choices.append({"index": j, "message": message, "logprobs": chat_logprobs(self.manager, job, got),
@@ -201,7 +136,8 @@ class ChatCompletions(OpenAIServing):
 
     def events(self, body: ChatCompletionBody, generations: list[Generation],
                chunks: AsyncIterator[tuple[int, Chunk]]) -> AsyncIterator[dict[str, Any]]:
-        return chat_events(self.manager, self.jobs[0], chunks, self.meta, include_usage(body), self.tools)
+        return chat_events(self.manager, self.jobs[0], chunks, self.meta, include_usage(body), self.tools,
+                           self.reasoning(body), body.stream_reasoning)
 
 
 class Completions(OpenAIServing):
@@ -297,17 +233,22 @@ def echo_texts(manager: TokenizerManager, body: CompletionBody, prompts: list[li
 
 
 async def chat_events(manager: TokenizerManager, job: Job, chunks: AsyncIterator[tuple[int, Chunk]], meta: dict,
-                      include_usage: bool, tools: ToolSet | None = None) -> AsyncIterator[dict[str, Any]]:
+                      include_usage: bool, tools: ToolSet | None = None, reasoning: ReasoningParser | None = None,
+                      stream_reasoning: bool = True) -> AsyncIterator[dict[str, Any]]:
     """A choice's first chunk carries its first text (with the role), never an empty delta: clients
     time the first token by the first chunk. A chunk whose tokens' text is still held back (a
     partial character, a possible stop string, a possible tool call) is sent only when it has
     log-probs to carry. With tools, a call is sent as OpenAI streams it: a `tool_calls` delta with
-    its id and name once the model names the tool, then its arguments in pieces as they come."""
+    its id and name once the model names the tool, then its arguments in pieces as they come. With a
+    reasoning parser the thinking streams as `reasoning_content` deltas (all at once before the
+    answer when `stream_reasoning` is false), and only the answer is read for calls."""
     base = {**meta, "object": "chat.completion.chunk"}
     lasts: dict[int, Chunk] = {}
     opened: set[int] = set()
-    readers = {j: CallStream(tools, pieces=True) for j in range(len(job.params))} \
+    readers = {j: tools.reader(pieces=True) for j in range(len(job.params))} \
         if tools is not None and tools.parses_calls else {}
+    thinking = {j: reasoning.stream() for j in range(len(job.params))} if reasoning is not None else {}
+    held_reasoning: dict[int, str] = {}
     calls_sent: dict[int, int] = {}
     streamed: dict[str, int] = {}  # call id -> its index in its choice, while its arguments stream
 
@@ -334,9 +275,21 @@ async def chat_events(manager: TokenizerManager, job: Job, chunks: AsyncIterator
         return {"role": "assistant", "content": text}
 
     async for j, chunk in chunks:
-        text, calls = chunk.text, []
+        text, calls, thought = chunk.text, [], ""
+        if j in thinking:
+            thought, text = thinking[j].push(text)
+            if chunk.finished:
+                more_thought, more_text = thinking[j].finish()
+                thought, text = thought + more_thought, text + more_text
+            if not stream_reasoning:  # held until the answer starts (or the output ends)
+                held_reasoning[j] = held_reasoning.get(j, "") + thought
+                thought = held_reasoning.pop(j) if text or chunk.finished else ""
+        if thought:
+            d = delta(j, None)
+            d["reasoning_content"] = thought
+            yield {**base, "choices": [{"index": j, "delta": d, "logprobs": None, "finish_reason": None}]}
         if j in readers:
-            shown = readers[j].push(chunk.text) + (readers[j].finish() if chunk.finished else [])
+            shown = readers[j].push(text) + (readers[j].finish() if chunk.finished else [])
             text = "".join(e for e in shown if isinstance(e, str))
             calls = call_deltas(j, [e for e in shown if not isinstance(e, str)])
         if text or calls or (chunk.new_ids and job.logprob.return_logprob):

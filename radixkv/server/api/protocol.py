@@ -281,7 +281,7 @@ class ChatCompletionBody(SamplingFields):
     top_logprobs: int | None = None
     continue_final_message: bool = False  # the last (assistant) message is continued, not answered
     chat_template_kwargs: dict[str, Any] | None = None  # the template's own variables (enable_thinking, ...)
-    # SGLang's reasoning split: there is no reasoning parser here, so content is never split (a no-op)
+    # SGLang's reasoning split (--reasoning-parser): false returns the raw text as content
     separate_reasoning: bool = True
     stream_reasoning: bool = True
     tools: list[dict[str, Any]] | None = None  # function tools (see radixkv.server.api.tools)

@@ -38,7 +38,8 @@ from radixkv.tenancy import salt_namespace
 from radixkv.server.api.response_store import ResponseStore, StoredResponse
 from radixkv.server.api.responses_protocol import ResponsesBody, input_messages
 from radixkv.server.api.tool_shapes import openai_tool_set
-from radixkv.server.api.tools import CallArgs, CallStart, CallStream, ToolCall, ToolSet
+from radixkv.server.api.reasoning import ReasoningParser
+from radixkv.server.api.tools import CallArgs, CallStart, ToolCall, ToolSet, in_format
 from radixkv.server.http.app import Api
 from radixkv.server.http.sse import StreamFormat
 from radixkv.server.http.common import (
@@ -74,7 +75,8 @@ def prepare(request: Request, body: ResponsesBody) -> Turn:
     manager: TokenizerManager = request.app.state.manager
     store: ResponseStore = request.app.state.responses
     tokenizer = manager.tokenizer
-    tools = openai_tool_set(body.tools, body.tool_choice, body.parallel_tool_calls, flat=True)
+    tools = in_format(openai_tool_set(body.tools, body.tool_choice, body.parallel_tool_calls, flat=True),
+                      request.app.state.settings.tool_call_parser)
     options = body.prompt_cache_options
     new_messages, marks = input_messages(body.input, options.ttl if options else "30m")
     system = [{"role": "system", "content": body.instructions}] if body.instructions is not None else []
@@ -132,6 +134,17 @@ def message_item(text: str, status: str = "completed", item_id: str | None = Non
     return {"type": "message", "id": item_id or f"msg_{uuid.uuid4().hex}", "status": status, "role": "assistant",
             "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}] if text or
             status == "completed" else []}
+
+
+def reasoning_item(text: str, status: str = "completed", item_id: str | None = None) -> dict[str, Any]:
+    """A model's thinking (`--reasoning-parser`), as OpenAI's reasoning output item."""
+    return {"type": "reasoning", "id": item_id or f"rs_{uuid.uuid4().hex}", "status": status, "summary": [],
+            "content": [{"type": "reasoning_text", "text": text}] if text or status == "completed" else []}
+
+
+def reasoning_of(request: Request) -> ReasoningParser | None:
+    name = request.app.state.settings.reasoning_parser
+    return ReasoningParser(name) if name is not None else None
 
 
 def call_item(call: ToolCall, status: str = "completed") -> dict[str, Any]:
@@ -220,8 +233,10 @@ class CreateResponse(Serving):
 
     def respond(self, body: ResponsesBody, generations: list[Generation], results: list[Result]) -> Any:
         ((text, got, last),) = results
+        parser = reasoning_of(self.request)
+        reasoning, text = parser.split(text) if parser is not None else (None, text)
         content, calls = outputs_of(self.turn, text)
-        output = ([message_item(content)] if content else []) + \
+        output = ([reasoning_item(reasoning)] if reasoning else []) + ([message_item(content)] if content else []) + \
             [call_item(c, "completed" if c.complete else "incomplete") for c in calls]
         response = response_object(self.turn, self.model, finished_status(last), output, last, self.created)
         remember(self.request, self.turn, response, content, calls, got.ids)
@@ -261,7 +276,11 @@ async def response_events(request: Request, turn: Turn, model: str, created: flo
     output: list[dict[str, Any]] = []
     message: dict[str, Any] | None = None  # the message item being written
     text_parts: list[str] = []
-    reader = CallStream(turn.tools, pieces=True) if turn.tools is not None and turn.tools.parses_calls else None
+    reader = turn.tools.reader(pieces=True) if turn.tools is not None and turn.tools.parses_calls else None
+    parser = reasoning_of(request)
+    thinking = parser.stream() if parser is not None else None
+    thought: dict[str, Any] | None = None  # the reasoning item being written
+    thought_parts: list[str] = []
     got, content, calls = Collected(), [], []
     streaming: dict[str, dict[str, Any]] = {}  # call id -> its item, while its arguments stream
     start = response_object(turn, model, "in_progress", [], None, created)
@@ -283,12 +302,40 @@ async def response_events(request: Request, turn: Turn, model: str, created: flo
         yield {"type": "response.output_item.done", "output_index": index, "item": message}
         message = None
 
+    def close_thought():
+        nonlocal thought
+        if thought is None:
+            return
+        done, index = "".join(thought_parts), output.index(thought)
+        thought.update(content=[{"type": "reasoning_text", "text": done}], status="completed")
+        yield {"type": "response.reasoning_text.done", "item_id": thought["id"], "output_index": index,
+               "content_index": 0, "text": done}
+        yield {"type": "response.output_item.done", "output_index": index, "item": thought}
+        thought = None
+
     last = None
     async for chunk in chunks:
         chunk.raise_if_error()
         got.add(chunk)
         last = chunk
-        shown = [chunk.text] if reader is None else reader.push(chunk.text) + (reader.finish() if chunk.finished else [])
+        text = chunk.text
+        if thinking is not None:
+            piece, text = thinking.push(text)
+            if chunk.finished:
+                more, rest = thinking.finish()
+                piece, text = piece + more, text + rest
+            if piece:
+                if thought is None:
+                    thought, thought_parts = reasoning_item("", "in_progress"), []
+                    output.append(thought)
+                    yield {"type": "response.output_item.added", "output_index": len(output) - 1, "item": dict(thought)}
+                thought_parts.append(piece)
+                yield {"type": "response.reasoning_text.delta", "item_id": thought["id"],
+                       "output_index": output.index(thought), "content_index": 0, "delta": piece}
+            if text or chunk.finished:
+                for event in close_thought():
+                    yield event
+        shown = [text] if reader is None else reader.push(text) + (reader.finish() if chunk.finished else [])
         for piece in shown:
             if isinstance(piece, str):
                 if not piece:

@@ -33,11 +33,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-import uuid
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from radixkv.errors import InvalidRequestError
+from radixkv.server.api.tool_call import ToolCall, new_call_id
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 NAME_PATTERN = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
@@ -62,30 +62,6 @@ class Tool:
 class ToolChoice:
     mode: Literal["auto", "none", "required", "function"] = "auto"
     name: str | None = None  # the function `mode="function"` forces
-
-
-@dataclass(frozen=True)
-class ToolCall:
-    """A call the model made: `arguments` is JSON text (an object), as the APIs return it. A
-    call the output ended inside (`complete` false: cut by max_tokens) has the arguments as far
-    as they came, as OpenAI returns them; its `arguments_dict` is empty."""
-
-    id: str
-    name: str
-    arguments: str
-    complete: bool = True
-
-    @property
-    def arguments_dict(self) -> dict[str, Any]:
-        return json.loads(self.arguments) if self.complete else {}
-
-    def to_message(self) -> dict[str, Any]:
-        """As an assistant message's `tool_calls` entry for a chat template."""
-        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments_dict}}
-
-
-def new_call_id(prefix: str = "call_") -> str:
-    return f"{prefix}{uuid.uuid4().hex[:24]}"
 
 
 def check_tool(name: Any, description: Any, parameters: Any, where: str, schema_field: str = "parameters") -> Tool:
@@ -140,6 +116,7 @@ class ToolSet:
     tools: tuple[Tool, ...]
     choice: ToolChoice = ToolChoice()
     parallel: bool = True
+    format: str = "hermes"  # the format calls are read in when the model writes them (`--tool-call-parser`)
 
     def __post_init__(self) -> None:
         names = [t.name for t in self.tools]
@@ -196,11 +173,21 @@ class ToolSet:
             return text
         return str(xgr.Grammar.union(xgr.Grammar.from_ebnf(text), xgr.Grammar.from_json_schema(answer, any_whitespace=False)))
 
+    def reader(self, pieces: bool = False):
+        """What reads calls out of the output as it streams: Hermes' `CallStream` for a forced call
+        (the grammar writes that format) or a Hermes-format model, else the format's own
+        (`tool_parsers.FormatStream`)."""
+        if self.forced or self.format in ("hermes", "qwen25", "qwen3"):
+            return CallStream(self, pieces)
+        from radixkv.server.api.tool_parsers import FormatStream
+
+        return FormatStream(self, self.format)
+
     def parse(self, text: str) -> tuple[str | None, list[ToolCall]]:
         """(content, calls) of a finished output; content is None when only calls remain."""
         if not self.parses_calls:
             return text, []
-        stream = CallStream(self)
+        stream = self.reader()
         events = stream.push(text) + stream.finish()
         content = "".join(e for e in events if isinstance(e, str))  # (a block cut short is not content)
         calls = [e for e in events if isinstance(e, ToolCall)]
@@ -365,3 +352,10 @@ def _partial_suffix(text: str, marker: str) -> int:
         if marker.startswith(text[-n:]):
             return n
     return 0
+
+
+def in_format(tools: ToolSet | None, fmt: str | None) -> ToolSet | None:
+    """`tools` read in the server's `--tool-call-parser` format `fmt` (None: Hermes')."""
+    if tools is None or fmt is None:
+        return tools
+    return dataclasses.replace(tools, format=fmt)

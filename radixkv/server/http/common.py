@@ -45,6 +45,8 @@ class ServerSettings:
     responses_store_ttl: float = 3600.0  # seconds a stored response is kept
     responses_store_bytes: int = 256 << 20  # the stored responses' memory, estimated, at most
     max_queued_requests: int = 4096  # requests held at once (TokenizerManager.admit)
+    reasoning_parser: str | None = None  # --reasoning-parser (radixkv.server.api.reasoning)
+    tool_call_parser: str | None = None  # --tool-call-parser (radixkv.server.api.tool_parsers)
 
 
 class HTTPError(RadixKVError):
