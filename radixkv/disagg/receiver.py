@@ -132,8 +132,14 @@ class KVReceiver:
                 return
             if item[0] == "pull":
                 _, address, msg = item
+                try:  # never block this thread: a dead peer's queue may be full
+                    self._socket(address, poller).send(CODEC.encode(msg), zmq.NOBLOCK)
+                except zmq.ZMQError as e:  # nothing went out, so nothing can be written: settled at once
+                    self._outcomes.put(Outcome(msg.room, False, f"the prefill server at {address} cannot be "
+                                                                f"reached: {e}"))
+                    self._settled.put(msg.room)
+                    continue
                 self._rooms[msg.room] = Waiting(address, time.monotonic() + self.timeout)
-                self._socket(address, poller).send(CODEC.encode(msg))
             else:
                 self._give_up(item[1], "cancelled")
 
@@ -145,7 +151,10 @@ class KVReceiver:
         waiting.deadline = time.monotonic() + self.grace
         sock = self._sockets.get(waiting.address)
         if sock is not None:
-            sock.send(CODEC.encode(CancelPull(room)))
+            try:
+                sock.send(CODEC.encode(CancelPull(room)), zmq.NOBLOCK)
+            except zmq.ZMQError:  # the grace still bounds how long its pages wait
+                pass
         self._outcomes.put(Outcome(room, False, message))
 
     def _receive(self, sock: zmq.Socket) -> None:

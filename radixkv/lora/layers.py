@@ -7,6 +7,7 @@ from torch import nn
 
 from radixkv.errors import ConfigError
 from radixkv.kernels.reference import lora_sgmv_reference
+from radixkv.lora.grouped import lora_grouped
 from radixkv.lora.pool import LoRASlots
 
 
@@ -31,6 +32,8 @@ class LoRALinear(nn.Module):
 
             return lora_sgmv(y, x, a, b, self.slots.scaling, batch.seg_start, batch.seg_len, batch.seg_slot,
                              batch.max_len)
+        if batch.groups is not None:
+            return lora_grouped(y, x, a, b, self.slots.scaling, batch.groups)
         return lora_sgmv_reference(y, x, a, b, self.slots.scaling, batch.segments)
 
 

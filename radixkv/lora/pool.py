@@ -21,6 +21,7 @@ import torch
 
 from radixkv.config.lora import DEFAULT_LORA_RANK, LORA_TARGETS
 from radixkv.lora.adapter import LoRAAdapter, LoRAError, load_adapter, module_shapes
+from radixkv.lora.grouped import Groups
 
 logger = logging.getLogger(__name__)
 FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "o_proj": ("o_proj",),
@@ -37,6 +38,7 @@ class LoRABatch:
     seg_len: torch.Tensor | None = None
     seg_slot: torch.Tensor | None = None
     max_len: int = 0
+    groups: Groups | None = None  # the rows by adapter, for the batched torch path (`lora.grouped`)
 
     @property
     def adapted(self) -> bool:
@@ -117,6 +119,8 @@ class LoRASlots:
                 segments.append((start, n, slot))
             start += n
         batch = LoRABatch(segments)
+        if not self.use_triton and batch.adapted:
+            batch.groups = Groups.of(segments, self.device, self.dtype)
         if self.use_triton and batch.adapted:
             as_tensor = lambda i: torch.tensor([s[i] for s in segments], dtype=torch.int64, device=self.device)  # noqa: E731
             batch.seg_start, batch.seg_len, batch.seg_slot = as_tensor(0), as_tensor(1), as_tensor(2)

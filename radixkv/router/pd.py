@@ -9,8 +9,9 @@ whole) is the client's. The prefill server is sent the body unstreamed: its repl
 whether the prefill worked.
 
 Faults: a prefill server that fails (no answer, or a 5xx) ends the request at once with a 502
-naming it (a stream: its error event), and the decode request is dropped (its server aborts
-it when the connection closes, and frees its pages once the transfer is settled); a decode
+naming it (a stream: its error event), one that refuses it (a 4xx: bad request, full) with its
+own answer; either way the decode request is dropped (its server aborts it when the connection
+closes, and frees its pages once the transfer is settled); a decode
 server that fails before any byte is tried on another decode server with a new room and the
 same prefill server. The APIs a pair does not serve (Responses, Anthropic) go to a decode
 server whole.
@@ -19,6 +20,7 @@ server whole.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import random
 from collections.abc import AsyncIterator
@@ -91,12 +93,18 @@ class PDRouter(Router):
         d = self.choose((), None, set(self.prefill_ids))
         if d is None:
             return error_response(503, "no healthy decode server", "service_unavailable")
-        r = await self.client.post(f"{self.workers[d].url}{path}", json=body)
+        try:
+            r = await self.client.post(f"{self.workers[d].url}{path}", json=body)
+        except httpx.HTTPError as e:
+            self._take_out(d, f"{type(e).__name__}: {e}")
+            return error_response(503, f"decode server {self.workers[d].url} failed: {type(e).__name__}",
+                                  "service_unavailable")
         return Response(r.content, status_code=r.status_code, media_type=r.headers.get("content-type", "application/json"))
 
-    async def _prefill(self, p: int, path: str, body: dict[str, Any]) -> str | None:
-        """Run the prefill; None if it worked, else why not (the prefill server is taken out
-        when it did not answer or answered a 5xx)."""
+    async def _prefill(self, p: int, path: str, body: dict[str, Any]) -> Response | None:
+        """Run the prefill; None if it worked, else the client's answer: the prefill server's own
+        4xx (the request is bad, or it is full), or a 502 naming it (no answer, or a 5xx: it is
+        taken out). Either way no pages will come, so the decode request is dropped."""
         w = self.workers[p]
         w.inflight += 1
         w.routed += 1
@@ -104,12 +112,16 @@ class PDRouter(Router):
             r = await self.client.post(f"{w.url}{path}", json={**body, "stream": False})
         except httpx.HTTPError as e:
             self._take_out(p, f"{type(e).__name__}: {e}")
-            return f"prefill server {w.url} failed: {type(e).__name__}"
+            return error_response(502, f"prefill server {w.url} failed: {type(e).__name__}", "prefill_failed")
         finally:
             w.inflight -= 1
         if r.status_code >= 500:
             self._take_out(p, f"{r.status_code} from prefill")
-            return f"prefill server {w.url} answered {r.status_code}: {r.text[:300]}"
+            return error_response(502, f"prefill server {w.url} answered {r.status_code}: {r.text[:300]}",
+                                  "prefill_failed")
+        if r.status_code >= 400:
+            return Response(r.content, status_code=r.status_code,
+                            media_type=r.headers.get("content-type", "application/json"))
         return None
 
     async def _pair(self, path: str, body: dict[str, Any], p: int, d: int) -> Response | None:
@@ -127,7 +139,7 @@ class PDRouter(Router):
                 decode.cancel()
                 await _close(decode)
                 w.inflight -= 1
-                return error_response(502, prefill.result(), "prefill_failed")
+                return prefill.result()
             upstream = await decode
         except httpx.HTTPError as e:
             w.inflight -= 1
@@ -142,8 +154,8 @@ class PDRouter(Router):
         finally:
             w.inflight -= 1
             await upstream.aclose()
-        if isinstance(content, str):
-            return error_response(502, content, "prefill_failed")
+        if isinstance(content, Response):
+            return content
         await prefill  # its reply says nothing the decode server's does not
         return Response(content, status_code=upstream.status_code,
                         media_type=upstream.headers.get("content-type", "application/json"))
@@ -159,7 +171,7 @@ class PDRouter(Router):
                 done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
                 if prefill in done and prefill.result() is not None and nxt not in done:
                     nxt.cancel()
-                    yield stream_failure(path, prefill.result())
+                    yield stream_failure(path, _message(prefill.result()))
                     return
                 try:
                     yield await nxt
@@ -183,8 +195,16 @@ class PDRouter(Router):
         return info | {"pd_disaggregation": True, "pairs": self.pairs}
 
 
-async def _read_or_fail(upstream: httpx.Response, prefill: asyncio.Task) -> bytes | str:
-    """The decode server's whole reply, or the prefill's failure if that comes first."""
+def _message(answer: Response) -> str:
+    """The error message of an error response's JSON body."""
+    try:
+        return json.loads(answer.body)["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        return answer.body.decode(errors="replace")[:300]
+
+
+async def _read_or_fail(upstream: httpx.Response, prefill: asyncio.Task) -> bytes | Response:
+    """The decode server's whole reply, or the prefill's failure (its answer) if that comes first."""
     read = asyncio.ensure_future(upstream.aread())
     done, _ = await asyncio.wait({read, prefill}, return_when=asyncio.FIRST_COMPLETED)
     if read not in done and prefill.result() is not None:
