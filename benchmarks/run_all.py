@@ -46,6 +46,7 @@ SCRIPTS = [  # (script, arguments, what it measures)
     ("shared_store.py", [], "a Mooncake Store shared by replicas: two real replicas, the trace over N"),
     ("disaggregation.py", [], "prefill/decode disaggregation vs one server: decode ITL under long prompts"),
     ("lora.py", [], "LoRA: N adapters mixed in one batch vs one adapter vs merged weights"),
+    ("thinking_reuse.py", [], "a thinking model's template dropping earlier reasoning: hit rate and prefill"),
     ("tensor_parallel.py", [], "tensor parallelism: greedy equality, all-reduce cost"),
     ("memory_efficiency.py", [], "paged vs static KV slots, shared-prefix savings, KV formats under one byte budget"),
     ("miss_causes_cost.py", [], "miss attribution per admission vs the prefix lookup"),

@@ -57,7 +57,8 @@ def render(tokenizer, history: list[dict], drop: bool) -> list[int]:
             messages.append({"role": "assistant", "content": f"<think>\n{m['thinking']}\n</think>\n\n{m['answer']}"})
         else:
             messages.append({"role": m["role"], "content": m["content"]})
-    return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True))
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return tokenizer.encode(text, add_special_tokens=False)
 
 
 def run(core, rid: str, ids: list[int], namespace: str) -> tuple[int, float]:
