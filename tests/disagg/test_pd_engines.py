@@ -184,7 +184,8 @@ def test_a_decode_side_without_room_ends_the_request_and_keeps_running_the_other
         outs = run_pair(prefill, small, prompt(9, 101), 306, port, timeout=30)
         ends = {o.rid: o for o in outs if o.finished}
         assert "no room" in ends["d306"].error, ends["d306"].error
-        assert "no KV from the prefill server" in ends["holder"].error
+        # (the decode side's timeout, or the prefill side's answer that it has nothing: both at 1 s)
+        assert "no KV from the prefill server" in ends["holder"].error or "no computed prompt" in ends["holder"].error
         assert ends["other"].error is None and len([t for o in outs if o.rid == "other" for t in o.new_ids]) == 10
         whole_pools(prefill, small)
     finally:
