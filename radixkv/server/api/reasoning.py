@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from radixkv.errors import InvalidRequestError
+from radixkv.server.api.markers import partial_suffix as _partial_suffix
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 REASONING_PARSERS = {"qwen3": False, "glm45": False, "deepseek-v3": False, "qwen3-thinking": True,
@@ -98,11 +99,3 @@ class ReasoningStream:
         if self.state == "reasoning":
             return held, ""
         return "", held if self.state != "after" else held.lstrip("\n")
-
-
-def _partial_suffix(text: str, marker: str) -> int:
-    """Length of the longest suffix of `text` that is a proper prefix of `marker`."""
-    for n in range(min(len(marker) - 1, len(text)), 0, -1):
-        if marker.startswith(text[-n:]):
-            return n
-    return 0

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from radixkv.server.api.markers import partial_suffix as _partial_suffix
 from radixkv.server.api.tool_call import ToolCall, new_call_id
 
 HERMES_FORMATS = ("hermes", "qwen25", "qwen3")
@@ -110,10 +111,3 @@ def _json_values(text: str) -> list[Any] | None:
             return None
         values.append(value)
     return values or None
-
-
-def _partial_suffix(text: str, marker: str) -> int:
-    for n in range(min(len(text), len(marker) - 1), 0, -1):
-        if marker.startswith(text[-n:]):
-            return n
-    return 0

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from radixkv.errors import InvalidRequestError
+from radixkv.server.api.markers import partial_suffix as _partial_suffix
 from radixkv.server.api.tool_call import ToolCall, new_call_id
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
@@ -345,13 +346,6 @@ class CallStream:
             return []
         return [rest]
 
-
-def _partial_suffix(text: str, marker: str) -> int:
-    """Length of the longest end of `text` that is a proper start of `marker`."""
-    for n in range(min(len(text), len(marker) - 1), 0, -1):
-        if marker.startswith(text[-n:]):
-            return n
-    return 0
 
 
 def in_format(tools: ToolSet | None, fmt: str | None) -> ToolSet | None:
