@@ -27,8 +27,9 @@ def add_plan_parser(sub, flag_type, positive_int, kv_dtypes) -> None:
         description="Replay a Mooncake-format trace (what `radixkv serve --record-trace` writes, or the "
                     "vendored Mooncake conversation trace: TRACE = 'mooncake') through the real radix cache "
                     "at a series of KV capacities, and print, per capacity: the prefix hit rate, the share "
-                    "of prefill compute saved, and the memory it takes in each KV format (from the model's "
-                    "config, as `radixkv kv-size`); the knee of the curve; the working set (the most any "
+                    "of prefill compute saved, the memory it takes in each KV format (from the model's "
+                    "config, as `radixkv kv-size`) and, for a trace naming LoRA adapters, each adapter's hit "
+                    "rate; the knee of the curve; the working set (the most any "
                     "capacity can hit); and, with --target-hit-rate, the least memory reaching each target.")
     p.add_argument("trace", metavar="TRACE", help="a JSONL trace (timestamp, input_length, output_length, "
                                                   "hash_ids per line), or 'mooncake' for the vendored one")
@@ -163,6 +164,8 @@ def format_plan(report: dict[str, Any]) -> str:
     tiers = report["host_capacity_tokens"] > 0
     if tiers:
         header += ["host hits", "storage hits"]
+    adapters = list(report.get("adapters") or {})
+    header += [f"{name} hit rate" for name in adapters]
     rows = [header]
     knee = report["knee"]
     for p in report["curve"]:
@@ -170,11 +173,15 @@ def format_plan(report: dict[str, Any]) -> str:
                f"{p['hit_rate']:.1%}", f"{p['prefill_saved']:.1%}"]
         if tiers:
             row += [f"{p['host_hit_tokens']:,}", f"{p['storage_hit_tokens']:,}"]
+        row += [f"{p['adapter_hit_rates'].get(name, 0.0):.1%}" for name in adapters]
         rows.append(row)
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     for i, r in enumerate(rows):
         at_knee = i and knee is not None and report["curve"][i - 1]["capacity_tokens"] == knee["capacity_tokens"]
         lines.append("  ".join(c.rjust(w) for c, w in zip(r, widths)) + ("  <- knee" if at_knee else ""))
+    for name, use in (report.get("adapters") or {}).items():
+        lines.append(f"adapter {name}: {use['requests']:,} requests, {use['prompt_tokens']:,} prompt tokens, "
+                     f"hit rate {use['working_set_hit_rate']:.1%} at most")
     for t in report["targets"]:
         if t["capacity_tokens"] is None:
             lines.append(f"hit rate {t['hit_rate']:.1%}: not reachable (at most {ws['hit_rate']:.1%})")

@@ -80,7 +80,8 @@ class EngineCore:
         self.executor = Executor(runner, sampling)
         self._grammars = None  # GrammarService, started by the first constrained request
         self.timeline = open_timeline(config.telemetry.timeline_file)
-        self.recorder = open_recorder(config.telemetry.record_trace, config.telemetry.record_trace_block_size)
+        self.recorder = open_recorder(config.telemetry.record_trace, config.telemetry.record_trace_block_size,
+                                      self.adapter_name)
         if self.recorder is not None:
             self.scheduler.on_accept.append(self.recorder.arrived)
         for telemetry in (self.timeline, self.recorder):
@@ -202,6 +203,10 @@ class EngineCore:
                                    "prompt_tokens": prompt, "cached_tokens": cached,
                                    "hit_rate": cached / prompt if prompt else 0.0}
                                   for aid, (n, prompt, cached) in self.adapter_use.items()]}
+
+    def adapter_name(self, adapter_id: str) -> str:
+        """A LoRA adapter's name (the first loaded under this id), or its id once unloaded."""
+        return next((name for name, aid in self.lora_adapters().items() if aid == adapter_id), adapter_id)
 
     def lora_adapters(self) -> dict[str, str]:
         """name -> id of every loaded adapter ({} without LoRA)."""

@@ -5,6 +5,9 @@ One JSON object a line, in arrival order, as the Mooncake release has them:
     {"timestamp": ms since the first request, "input_length": prompt tokens,
      "output_length": tokens generated, "hash_ids": [one id per `block_size` prompt tokens]}
 
+and, for a request run under a LoRA adapter, `"adapter"`: its name (its id once unloaded), so
+`radixkv plan` reports each adapter's hit rate (each adapter's cache is its own).
+
 Each id names its block's whole prefix: the block hash (`radixkv.mem.block_hash`) over the
 namespace and the blocks' token ids (the last, partial block included), as its 63-bit
 `block_id`: at the server's page size, the id its KV events announce for that page and the
@@ -24,6 +27,7 @@ import json
 from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
+from collections.abc import Callable
 from typing import IO, Any
 
 from radixkv.errors import ConfigError
@@ -33,9 +37,11 @@ from radixkv.sched.request import Req
 class TraceRecorder:
     """Writes the requests the scheduler served to `path` (overwritten), one line each."""
 
-    def __init__(self, path: str | Path, block_size: int):
+    def __init__(self, path: str | Path, block_size: int,
+                 adapter_name: Callable[[str], str] | None = None):
         self.path = Path(path)
         self.block_size = block_size
+        self.adapter_name = adapter_name or (lambda aid: aid)  # LoRA adapter id -> its name
         self._file: IO[str] | None = self.path.open("w", buffering=1)
         self._start: float | None = None
         # In arrival order, by a sequence number of our own (a rid may be used again once its
@@ -71,8 +77,11 @@ class TraceRecorder:
 
     def _line(self, req: Req) -> dict[str, Any]:
         ms = (req.arrival_time - (self._start or req.arrival_time)) * 1000
-        return {"timestamp": round(ms, 3), "input_length": len(req.prompt_ids), "output_length": len(req.output_ids),
+        line = {"timestamp": round(ms, 3), "input_length": len(req.prompt_ids), "output_length": len(req.output_ids),
                 "hash_ids": self.hash_ids(req.prompt_ids, req.namespace), "block_size": self.block_size}
+        if req.lora is not None:
+            line["adapter"] = self.adapter_name(req.lora)
+        return line
 
     def _write(self, line: dict[str, Any]) -> None:
         if self._file is not None:
@@ -91,12 +100,13 @@ class TraceRecorder:
             self._file = None
 
 
-def open_recorder(path: str | None, block_size: int) -> TraceRecorder | None:
+def open_recorder(path: str | None, block_size: int,
+                  adapter_name: Callable[[str], str] | None = None) -> TraceRecorder | None:
     """The recorder `record_trace` names, or None when off; a path that cannot be written is a
     `ConfigError` naming the option."""
     if path is None:
         return None
     try:
-        return TraceRecorder(path, block_size)
+        return TraceRecorder(path, block_size, adapter_name)
     except OSError as e:
         raise ConfigError(f"record_trace={path!r}: cannot write it: {e.strerror or e}") from e

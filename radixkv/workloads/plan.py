@@ -10,6 +10,8 @@ also gives:
   rate there (the ceiling no capacity passes);
 - the *knee*: the point of the curve farthest above the chord from its first point to its last,
   on a log-capacity axis (Kneedle), past which memory buys little;
+- per LoRA adapter, when the trace names adapters (a recorded trace of a `--enable-lora` server
+  does): each one's hit rate at every capacity and at the working set;
 - for each target hit rate, the least capacity reaching it, found by bisection with replays
   (to within `tolerance` of the capacity), or None if even the working set does not.
 
@@ -42,13 +44,20 @@ class PlanPoint:
     storage_hit_tokens: int
     evicted_tokens: int
     memory_bytes: dict[str, int] = field(default_factory=dict)  # the capacity's KV, per KV format
+    adapter_hit_rates: dict[str, float] = field(default_factory=dict)  # per LoRA adapter, when the trace has any
 
     @classmethod
     def of(cls, result: ReplayResult, bytes_per_token: dict[str, int]) -> PlanPoint:
         return cls(result.capacity_tokens, result.hit_rate,
                    result.prefill_work_saved / max(result.prefill_work, 1e-9), result.hit_tokens,
                    result.host_hit_tokens, result.storage_hit_tokens, result.evicted_tokens,
-                   {name: result.capacity_tokens * b for name, b in bytes_per_token.items()})
+                   {name: result.capacity_tokens * b for name, b in bytes_per_token.items()},
+                   adapter_hit_rates(result))
+
+
+def adapter_hit_rates(result: ReplayResult) -> dict[str, float]:
+    """Each LoRA adapter's hit rate in `result` (base model as `BASE`), sorted by name."""
+    return {name: use["hit_tokens"] / max(1, use["prompt_tokens"]) for name, use in sorted(result.adapters.items())}
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,6 +209,9 @@ def plan(trace: Sequence[TraceRequest], config: PlanConfig, capacities: Sequence
         "storage_capacity_tokens": config.storage_capacity_tokens,
         "bytes_per_token": dict(bytes_per_token or {}),
         "tokens_per_gb": {name: int(1e9 // b) for name, b in (bytes_per_token or {}).items()},
+        "adapters": {name: {"requests": use["requests"], "prompt_tokens": use["prompt_tokens"],
+                            "working_set_hit_rate": use["hit_tokens"] / max(1, use["prompt_tokens"])}
+                     for name, use in sorted(top.adapters.items())},
         "working_set": {"capacity_tokens": planner.working_set_tokens, "hit_rate": top.hit_rate,
                         "prefill_saved": top.prefill_work_saved / max(top.prefill_work, 1e-9),
                         "memory_bytes": {n: planner.working_set_tokens * b for n, b in (bytes_per_token or {}).items()}},

@@ -15,7 +15,7 @@ import math
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from radixkv.mem import (
     BeladyPolicy,
@@ -34,6 +34,8 @@ from radixkv.workloads.trace import BLOCK_SIZE, TraceRequest, expand_tokens, reh
 OFFLINE_POLICIES = ("belady", "reuse-oracle")
 """Policies that read the future: `belady` (when each page is next used) and `reuse-oracle`
 (only whether it is ever used again; LRU among those that are) -- bounds, not runtime options."""
+BASE = "base"
+"""The name a per-adapter report gives the base model's requests (those with no adapter)."""
 BOUNDS = ("none", "inf")
 """Pseudo-policies: `none` disables the cache, `inf` gives it room for the whole trace."""
 HINTS = ("none", "oracle", "all")
@@ -76,6 +78,9 @@ class ReplayResult:
     hints: str = "none"  # retention hints the requests carried (see HINTS)
     hint_seconds: float = 0.0  # how long each hint asked to keep its request's prefixes
     hinted_requests: int = 0
+    # Per LoRA adapter ("base" for the base model), when the trace names any: requests, prompt
+    # tokens and hit tokens (each adapter's cache is its own namespace, so they never share).
+    adapters: dict[str, dict[str, int]] = field(default_factory=dict)
 
     @property
     def device_hit_tokens(self) -> int:
@@ -235,6 +240,8 @@ def replay(
     hint = Retention.whole(hint_seconds)
     future = (oracle or BeladyOracle(trace, block_size)) if hints == "oracle" else None
     hit_tokens = prompt_tokens = uncached = host_hits = storage_hits = hinted = 0
+    by_adapter: dict[str, dict[str, int]] = {}
+    per_adapter = any(r.adapter is not None for r in trace)
     work = saved = 0.0
     start = time.perf_counter()
     for i, req in enumerate(trace):
@@ -254,6 +261,12 @@ def replay(
             storage_hits += match.from_storage
         hit_tokens += match.num_tokens
         prompt_tokens += len(key)
+        if per_adapter:
+            use = by_adapter.setdefault(BASE if req.adapter is None else req.adapter,
+                                        {"requests": 0, "prompt_tokens": 0, "hit_tokens": 0})
+            use["requests"] += 1
+            use["prompt_tokens"] += len(key)
+            use["hit_tokens"] += match.num_tokens
         work += token_cost_prefix_sum(len(key), attention_scale)
         saved += token_cost_prefix_sum(match.num_tokens, attention_scale)
         retention = None
@@ -286,4 +299,5 @@ def replay(
         hints=hints,
         hint_seconds=hint_seconds if hints != "none" else 0.0,
         hinted_requests=hinted,
+        adapters=by_adapter,
     )

@@ -2,7 +2,8 @@
 
 One JSON object a line: `timestamp` (ms), `input_length`, `output_length`, `hash_ids` (the
 prompt as a chain of `block_size`-token blocks, each id naming its whole prefix), and, in
-traces we generate ourselves, optional `input_ids` / `session_id` / `turn` fields.
+traces we generate ourselves, optional `input_ids` / `session_id` / `turn` fields; a server's
+recorded trace names the LoRA adapter a request ran under (`adapter`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ class TraceRequest:
     hash_ids: tuple[int, ...]  # prefix-block ids, ceil(input_length / block_size) of them
     input_ids: tuple[int, ...] | None = None  # real token ids, when the trace has them
     session_id: int | None = None
+    adapter: str | None = None  # the LoRA adapter it ran under (None: the base model)
     extra: dict = field(default_factory=dict)
 
 
@@ -50,6 +52,7 @@ def load_trace(path: str | Path, limit: int | None = None) -> list[TraceRequest]
                     hash_ids=tuple(int(h) for h in obj["hash_ids"]),
                     input_ids=tuple(obj["input_ids"]) if "input_ids" in obj else None,
                     session_id=obj.get("session_id"),
+                    adapter=None if obj.get("adapter") is None else str(obj["adapter"]),
                 )
             except (KeyError, TypeError, ValueError) as e:
                 raise ValueError(f"{path}:{lineno}: not a trace record ({e!r})") from None

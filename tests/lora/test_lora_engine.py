@@ -206,3 +206,34 @@ def test_grouped_path_matches_the_per_run_reference():
     got = lora_grouped(y0.clone(), x, a, b, scaling, Groups.of(segments, x.device, x.dtype))
     assert torch.allclose(got, want, atol=1e-4, rtol=1e-4)
     assert Groups.of([(0, 3, -1)], x.device, x.dtype) is None
+
+
+def test_a_recorded_trace_plans_each_adapters_hit_rate(adapters, tmp_path):
+    """`--record-trace` names each request's adapter; `radixkv plan` reports each adapter's hit
+    rate (the same prompt under another adapter is a miss: the caches are apart)."""
+    from radixkv.plan_cli import format_plan
+    from radixkv.workloads.plan import PlanConfig, plan
+    from radixkv.workloads.trace import load_trace
+
+    base, a, b = adapters
+    path = tmp_path / "served.jsonl"
+    core = load(base, f"a={a}", f"b={b}", record_trace=str(path), record_trace_block_size=4)
+    try:
+        ids = core.lora_adapters()
+        prompt = list(range(30, 70))
+        for rid, name in (("a1", "a"), ("a2", "a"), ("b1", "b"), ("base1", None), ("base2", None), ("a3", "a")):
+            run(core, [req(rid, prompt, ids[name] if name else None, n=2)])
+    finally:
+        core.close()
+    trace = load_trace(path)
+    assert [t.adapter for t in trace] == ["a", "a", "b", None, None, "a"]
+    report = plan(trace, PlanConfig(page_size=4, block_size=4), capacities=[4096, 8])
+    assert report["adapters"] == {
+        "a": {"requests": 3, "prompt_tokens": 120, "working_set_hit_rate": pytest.approx(2 / 3)},
+        "b": {"requests": 1, "prompt_tokens": 40, "working_set_hit_rate": 0.0},
+        "base": {"requests": 2, "prompt_tokens": 80, "working_set_hit_rate": 0.5}}
+    roomy, tiny = sorted(report["curve"], key=lambda p: -p["capacity_tokens"])
+    assert roomy["adapter_hit_rates"] == {"a": pytest.approx(2 / 3), "b": 0.0, "base": 0.5}
+    assert tiny["adapter_hit_rates"]["a"] < 0.2  # 8 tokens of pool keep none of a's prompt
+    text = format_plan({"trace": str(path), **report})
+    assert "a hit rate" in text and "adapter b: 1 requests" in text and "66.7%" in text
