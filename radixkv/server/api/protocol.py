@@ -155,6 +155,9 @@ class ChatMessage(Strict):
     name: str | None = None  # a participant's name: given to the chat template (most templates ignore it)
     tool_calls: list[ChatToolCall] | None = None  # an assistant's calls
     tool_call_id: str | None = None  # a tool message: the call it answers
+    # an assistant's reasoning, as `--reasoning-parser` returned it: given to the chat template,
+    # whose own rule keeps or drops it (Qwen3's keeps it only after the last user query)
+    reasoning_content: str | None = None
 
     def text(self) -> str:
         if self.content is None:
@@ -179,6 +182,10 @@ class ChatMessage(Strict):
                 "name": c.function.name, "arguments": json_arguments(c.function.arguments,
                                                                       f"{where}.tool_calls[{i}].function.arguments")}}
                 for i, c in enumerate(self.tool_calls)]
+        if self.reasoning_content is not None:
+            if self.role != "assistant":
+                raise InvalidRequestError(f"{where}.reasoning_content: only an assistant message holds reasoning")
+            message["reasoning_content"] = self.reasoning_content
         if self.role == "tool":
             if self.tool_call_id is None:
                 raise InvalidRequestError(f"{where}.tool_call_id: required in a tool message (the call it answers)")

@@ -8,7 +8,9 @@ its reasoning and its answer, whole or as it streams.
                                 reasoning until `</think>` (all of it, if that never comes)
 
 `ReasoningStream.push(text)` returns (reasoning, answer) pieces as they are sure: a piece that
-may be the start of a marker is held back until the next text settles it.
+may be the start of a marker is held back until the next text settles it, and so is whitespace
+at the reasoning's end (the newlines around the block are not the reasoning's, so the streamed
+reasoning is the finished output's, character for character).
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ class ReasoningStream:
     def __init__(self, starts_inside: bool):
         self.state = "reasoning" if starts_inside else "start"  # start: the block may still open
         self.saw_reasoning = starts_inside
+        self.began = False  # whether the reasoning's first non-whitespace arrived
         self.held = ""
 
     def push(self, text: str) -> tuple[str, str]:
@@ -72,15 +75,21 @@ class ReasoningStream:
                 self.state = "answer"
                 continue
             if self.state == "reasoning":
+                if not self.began:
+                    self.held = self.held.lstrip()
+                    if not self.held:
+                        break
+                    self.began = True
                 at = self.held.find(THINK_CLOSE)
                 if at >= 0:
-                    reasoning += self.held[:at]
+                    reasoning += self.held[:at].rstrip()
                     self.held = self.held[at + len(THINK_CLOSE):]
                     self.state = "after"
                     continue
                 keep = _partial_suffix(self.held, THINK_CLOSE)
-                reasoning += self.held[:len(self.held) - keep]
-                self.held = self.held[len(self.held) - keep:]
+                settled = self.held[:len(self.held) - keep].rstrip()  # (trailing whitespace waits)
+                reasoning += settled
+                self.held = self.held[len(settled):]
                 break
             if self.state == "after":  # the newlines between the block and the answer are not the answer's
                 stripped = self.held.lstrip("\n")
@@ -97,5 +106,5 @@ class ReasoningStream:
         """What is still held once the output ended."""
         held, self.held = self.held, ""
         if self.state == "reasoning":
-            return held, ""
+            return held.rstrip(), ""
         return "", held if self.state != "after" else held.lstrip("\n")
