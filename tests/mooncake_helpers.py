@@ -51,7 +51,7 @@ class Master:
 
     def start(self) -> Master:
         cmd = [master_binary(), f"--rpc_port={self.rpc_port}", "--rpc_address=127.0.0.1",
-               f"--metrics_port={self.metrics_port}", "--default_kv_lease_ttl=100"]
+               f"--metrics_port={self.metrics_port}", "--default_kv_lease_ttl=1000"]
         self.proc = subprocess.Popen(cmd, stdout=open(self.log, "ab"), stderr=subprocess.STDOUT,
                                      env={**os.environ, "GLOG_minloglevel": "1"})
         deadline = time.monotonic() + 20

@@ -100,7 +100,7 @@ class MooncakeKVStorage(StorageTier):
         self._reads: queue.Queue = queue.Queue()
         self._stop = threading.Event()
         self._warned = False
-        self.counters.update({"lookups": 0, "store_unavailable": 0})
+        self.counters.update({"lookups": 0, "store_unavailable": 0, "read_retries": 0})
         self._threads = [threading.Thread(target=f, name=f"kv-mooncake-{n}", daemon=True)
                          for n, f in (("writer", self._write_loop), ("reader", self._read_loop),
                                       ("link", self._link_loop))]
@@ -302,7 +302,7 @@ class MooncakeKVStorage(StorageTier):
             part = keys[at:at + per]
             start = time.perf_counter()
             got = 0
-            for key, page in zip(part, self._get(part)):
+            for key, page in zip(part, self._get_retrying(part)):
                 page = self._check(key, page)
                 if page is None:
                     break
@@ -315,6 +315,25 @@ class MooncakeKVStorage(StorageTier):
             self.counters["bytes_read"] += got * self.page_bytes
             if got < len(part):
                 return
+
+    def _get_retrying(self, keys: list[bytes]) -> list[tuple[torch.Tensor, int] | None]:
+        """`_get`, with the keys from the first one that failed asked again in half the batch,
+        down to one key: the master leases each object for the length of a get, and a large
+        batch on a loaded machine can outlast the lease (LEASE_EXPIRED for all of it); a key
+        that fails alone is a miss. Each failed call halves the batch, so at most
+        log2(len(keys)) + 1 calls fail."""
+        out: list[tuple[torch.Tensor, int] | None] = []
+        size = len(keys)
+        while len(out) < len(keys):
+            part = self._get(keys[len(out):len(out) + size])
+            ok = next((i for i, value in enumerate(part) if value is None), len(part))
+            out += part[:ok]
+            if ok < len(part):
+                if size == 1 or self._stop.is_set():
+                    break  # (a miss)
+                size = max(1, size // 2)
+                self.counters["read_retries"] += 1
+        return out + [None] * (len(keys) - len(out))
 
     def _get(self, keys: list[bytes]) -> list[tuple[torch.Tensor, int] | None]:
         """Each key's value read straight into one buffer of ours (registered with the store for

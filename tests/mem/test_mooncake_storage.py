@@ -73,6 +73,42 @@ def test_what_one_replica_caches_another_loads_bit_for_bit(master, per_block):
         c.storage.close()
 
 
+class LeaseRunsOut:
+    """The real store's client, but a batch get of more than `most` objects fails for all of them,
+    as the master answers when its lease ran out before a large batch finished moving (what a
+    loaded machine did to a 100 ms lease in CI)."""
+
+    def __init__(self, client, most):
+        self.client, self.most, self.failed = client, most, 0
+
+    def batch_get_into(self, names, buffers, sizes):
+        if len(names) > self.most:
+            self.failed += 1
+            return [-1] * len(names)
+        return self.client.batch_get_into(names, buffers, sizes)
+
+    def __getattr__(self, name):
+        return getattr(self.client, name)
+
+
+def test_a_batch_whose_lease_ran_out_is_read_again_in_smaller_batches(master):
+    a, pool_a = replica(master.address, device_pages=16, host_pages=16)
+    b, pool_b = replica(master.address, device_pages=16, host_pages=16)
+    connected(a), connected(b)
+    key = list(range(32))
+    expected = compute(a, pool_a, key, seed=5)
+    a.storage.flush()
+    b.storage._client = fault = LeaseRunsOut(b.storage._client, most=3)
+    loaded = load(b, key)
+    assert loaded.num_tokens == 32 and loaded.from_storage == 32  # (the batch halved until it fit)
+    assert fault.failed >= 1 and b.storage.counters["read_retries"] == fault.failed
+    for got, want in zip(page_data(pool_b, loaded.pages), expected):
+        assert all(torch.equal(g, w) for g, w in zip(got, want))
+    b.storage._client = fault.client
+    for c in (a, b):
+        c.storage.close()
+
+
 def test_other_models_and_namespaces_find_nothing(master):
     a, pool_a = replica(master.address)
     other_model, _ = replica(master.address, identity=b"another-model-01")

@@ -51,7 +51,7 @@ def test_a_second_replica_hits_what_the_first_served(tmp_path):
             time.sleep(0.1)
         second = generate(b, DOC)  # B never saw the prompt
         details = second["meta_info"]["cached_tokens_details"]
-        assert details["storage"] >= 0.9 * prompt_tokens, details
+        assert details["storage"] >= 0.9 * prompt_tokens, (details, b.info()["kv_storage"], "".join(b.log[-30:]))
         assert second["output_ids"] == first["output_ids"]
         info = b.info()["kv_storage"]
         assert info["storage_backend"] == "mooncake" and info["storage_available"]
