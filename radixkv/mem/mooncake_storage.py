@@ -10,9 +10,9 @@ events and traces use.
 
 Value format: a 64-byte header -- `b"RKVM1\\n"`, the identity (16 bytes), the key (16 bytes),
 the payload's CRC-32 (u32, little-endian), zeros -- then the payload (one stored page:
-`PageLayout`), read straight into a buffer of ours and viewed in place (the header's size
-keeps every tensor of the page aligned). A value whose size, identity,
-key or CRC does not match is a miss (and is removed from the store), never served.
+`PageLayout`), read straight into a buffer of ours and viewed in place (the header keeps every
+tensor aligned). A value whose size, identity, key or CRC does not match is a miss (and is
+removed from the store), never served. A batch read that fails is read again, halved.
 
 What is stored is the master's to keep or evict: this tier keeps no index of its own beyond
 short-lived answers (`LOOKUP_TTL`) to "does the store hold this key?", so a lookup from the
@@ -21,11 +21,10 @@ a waiting request cost none.
 
 Availability. Connecting runs in a thread (a missing master makes `setup` block for a long
 time); until it succeeds, whenever the master does not answer the link thread's probe (once a
-second), and from the first lookup that fails (Mooncake's RPC timeout is cut to 1 s, so a hung
-master holds the scheduler's thread that long at most, once), the tier is *unavailable*: lookups miss and writes are skipped (counted), so serving goes on from the
-device and host tiers. A warning is logged once when the store goes away and a line when it is
+second), and from the first lookup that fails (the RPC timeout is cut to 1 s: a hung master holds
+the scheduler's thread that long, once), the tier is *unavailable*: lookups miss and writes are
+skipped (counted), so serving goes on from the device and host tiers. A warning is logged once when the store goes away and a line when it is
 back; a master that restarted lost its objects, so the answers remembered are dropped.
-
 Threads: one writer, one reader (as on disk), one keeping the connection.
 """
 
@@ -101,9 +100,8 @@ class MooncakeKVStorage(StorageTier):
         self._stop = threading.Event()
         self._warned = False
         self.counters.update({"lookups": 0, "store_unavailable": 0, "read_retries": 0})
-        self._threads = [threading.Thread(target=f, name=f"kv-mooncake-{n}", daemon=True)
-                         for n, f in (("writer", self._write_loop), ("reader", self._read_loop),
-                                      ("link", self._link_loop))]
+        loops = {"writer": self._write_loop, "reader": self._read_loop, "link": self._link_loop}
+        self._threads = [threading.Thread(target=f, name=f"kv-mooncake-{n}", daemon=True) for n, f in loops.items()]
         for t in self._threads:
             t.start()
 
@@ -185,15 +183,13 @@ class MooncakeKVStorage(StorageTier):
     def held_run(self, keys: Iterable[bytes]) -> int:
         if not self.may_hold:
             return 0
-        n, it = 0, iter(keys)
-        while True:
-            batch = [k for _, k in zip(range(LOOKUP_BATCH), it)]
-            if not batch:
-                return n
-            for held in self._ask(batch):
+        n, keys = 0, list(keys)
+        for at in range(0, len(keys), LOOKUP_BATCH):
+            for held in self._ask(keys[at:at + LOOKUP_BATCH]):
                 if not held:
                     return n
                 n += 1
+        return n
 
     # -- writing -------------------------------------------------------------------------------
     def needs(self, keys: Sequence[bytes]) -> bool:
@@ -212,9 +208,8 @@ class MooncakeKVStorage(StorageTier):
 
     def _held_or_pending(self, key: bytes) -> bool:
         with self._lock:
-            if key in self._pending:
-                return True
-        return self._ask([key])[0]
+            pending = key in self._pending
+        return pending or self._ask([key])[0]
 
     def _store(self, keys: list[bytes], rows: Any, picked: list[int], wait: bool = False) -> bool:
         if rows is None:
@@ -317,11 +312,9 @@ class MooncakeKVStorage(StorageTier):
                 return
 
     def _get_retrying(self, keys: list[bytes]) -> list[tuple[torch.Tensor, int] | None]:
-        """`_get`, with the keys from the first one that failed asked again in half the batch,
-        down to one key: the master leases each object for the length of a get, and a large
-        batch on a loaded machine can outlast the lease (LEASE_EXPIRED for all of it); a key
-        that fails alone is a miss. Each failed call halves the batch, so at most
-        log2(len(keys)) + 1 calls fail."""
+        """`_get`, from the first key that failed asked again in half the batch, down to one key
+        (a miss): a large batch on a loaded machine can outlast the master's lease on its
+        objects (LEASE_EXPIRED for all of it). At most log2(len(keys)) + 1 calls fail."""
         out: list[tuple[torch.Tensor, int] | None] = []
         size = len(keys)
         while len(out) < len(keys):
