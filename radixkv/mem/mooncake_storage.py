@@ -23,8 +23,9 @@ Availability. Connecting runs in a thread (a missing master makes `setup` block 
 time); until it succeeds, whenever the master does not answer the link thread's probe (once a
 second), and from the first lookup that fails (the RPC timeout is cut to 1 s: a hung master holds
 the scheduler's thread that long, once), the tier is *unavailable*: lookups miss and writes are
-skipped (counted), so serving goes on from the device and host tiers. A warning is logged once when the store goes away and a line when it is
-back; a master that restarted lost its objects, so the answers remembered are dropped.
+skipped (counted), so serving goes on from the device and host tiers. A warning is logged once
+when the store goes away and a line when it is back; a master that restarted lost its objects,
+so the answers remembered are dropped.
 Threads: one writer, one reader (as on disk), one keeping the connection.
 """
 
@@ -312,9 +313,8 @@ class MooncakeKVStorage(StorageTier):
                 return
 
     def _get_retrying(self, keys: list[bytes]) -> list[tuple[torch.Tensor, int] | None]:
-        """`_get`, from the first key that failed asked again in half the batch, down to one key
-        (a miss): a large batch on a loaded machine can outlast the master's lease on its
-        objects (LEASE_EXPIRED for all of it). At most log2(len(keys)) + 1 calls fail."""
+        """`_get`, from the first failed key asked again in half the batch down to one key (a miss):
+        a large batch on a loaded machine can outlast the master's lease on its objects (LEASE_EXPIRED)."""
         out: list[tuple[torch.Tensor, int] | None] = []
         size = len(keys)
         while len(out) < len(keys):

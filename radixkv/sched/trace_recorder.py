@@ -25,9 +25,8 @@ from __future__ import annotations
 import itertools
 import json
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from collections.abc import Callable
 from typing import IO, Any
 
 from radixkv.errors import ConfigError

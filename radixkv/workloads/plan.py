@@ -192,6 +192,7 @@ def plan(trace: Sequence[TraceRequest], config: PlanConfig, capacities: Sequence
             raise ValueError(f"target hit rate {t}: must be in [0, 1]")
     planner = Planner(trace, config, bytes_per_token, progress)
     top = planner.ceiling()
+    ceilings = adapter_hit_rates(top)
     caps = sorted({max(1, c // config.page_size) * config.page_size for c in capacities}) if capacities else \
         planner.sweep(points)
     curve = [planner.point(c) for c in caps]
@@ -209,9 +210,9 @@ def plan(trace: Sequence[TraceRequest], config: PlanConfig, capacities: Sequence
         "storage_capacity_tokens": config.storage_capacity_tokens,
         "bytes_per_token": dict(bytes_per_token or {}),
         "tokens_per_gb": {name: int(1e9 // b) for name, b in (bytes_per_token or {}).items()},
-        "adapters": {name: {"requests": use["requests"], "prompt_tokens": use["prompt_tokens"],
-                            "working_set_hit_rate": use["hit_tokens"] / max(1, use["prompt_tokens"])}
-                     for name, use in sorted(top.adapters.items())},
+        "adapters": {name: {"requests": top.adapters[name]["requests"],
+                            "prompt_tokens": top.adapters[name]["prompt_tokens"], "working_set_hit_rate": rate}
+                     for name, rate in ceilings.items()},
         "working_set": {"capacity_tokens": planner.working_set_tokens, "hit_rate": top.hit_rate,
                         "prefill_saved": top.prefill_work_saved / max(top.prefill_work, 1e-9),
                         "memory_bytes": {n: planner.working_set_tokens * b for n, b in (bytes_per_token or {}).items()}},
