@@ -27,7 +27,8 @@ from _servers import start_radixkv, start_vllm
 from multiturn import closed_loop, closed_workload
 
 BLOCK = 32
-ROWS = {"radixkv (defaults)": [], "radixkv --schedule-policy fcfs": ["--schedule-policy", "fcfs"]}
+ROWS = {"radixkv (defaults)": [], "radixkv --hold-finished-seconds 0": ["--hold-finished-seconds", "0"],
+        "radixkv --schedule-policy fcfs": ["--schedule-policy", "fcfs"]}
 
 
 def parse_args(argv):
@@ -37,7 +38,7 @@ def parse_args(argv):
     p.add_argument("--answer-tokens", type=int, default=32, help="tokens per answer (default 32)")
     p.add_argument("--budget", type=int, default=4096, help=f"KV tokens for each engine (a multiple of {BLOCK}; "
                    "default 4096)")
-    p.add_argument("--skip", default="", help="rows to leave out: 'vllm', 'fcfs'")
+    p.add_argument("--skip", default="", help="rows to leave out: 'vllm', 'fcfs', 'hold'")
     p.add_argument("--json", type=Path, default=RESULTS / "memory_pressure.json", help="results file")
     args = p.parse_args(argv)
     if args.budget % BLOCK or args.budget < 1024 or args.users < 1 or args.turns < 1:
@@ -77,7 +78,8 @@ def main(argv=None) -> int:
                 stats = info.get("stats", info)
                 results[name]["server"] = {k: stats.get(k) for k in (
                     "retractions", "decode_steps", "extend_steps", "mixed_steps", "decode_batch_tokens",
-                    "prefill_tokens", "decode_tokens", "step_seconds", "cache_causes")}
+                    "prefill_tokens", "decode_tokens", "step_seconds", "cache_causes", "holds_taken",
+                    "holds_claimed", "holds_expired", "holds_yielded", "holds_skipped")}
         finally:
             server.stop()
     bar.close()

@@ -26,6 +26,9 @@ class SchedulerConfig:
     starvation_limit: int = opt(32, "lpm: a request passed over this many times is admitted first")
     retract_decode_steps: int = opt(32, "decode steps of KV headroom kept per running request "
                                     "when admitting new ones")
+    hold_finished_seconds: float = opt(1.0, "lpm/dfs-weight: a finished request's cached sequence is held "
+                                       "from new admissions this long, for its next turn, while held "
+                                       "sequences keep coming back (0: off)")
     random_seed: int = opt(0, "seed of the shared sampling generator (requests may carry their own)")
 
     def __post_init__(self) -> None:
@@ -39,6 +42,8 @@ class SchedulerConfig:
         check(self.schedule_policy in SCHEDULE_POLICIES, "schedule_policy", f"must be one of {SCHEDULE_POLICIES}")
         check(self.starvation_limit >= 1, "starvation_limit", "must be >= 1")
         check(self.retract_decode_steps >= 1, "retract_decode_steps", "must be >= 1")
+        check(isinstance(self.hold_finished_seconds, (int, float)) and 0 <= self.hold_finished_seconds <= 3600,
+              "hold_finished_seconds", "must be between 0 (off) and 3600")
 
 
 @dataclass(frozen=True)

@@ -277,8 +277,9 @@ class PrefixCache(ABC):
     def cache_finished(
         self, key: Sequence[int], seq: SeqPages, last_node: Any, namespace: Namespace = None,
         retention: Retention | None = None,
-    ) -> None:
-        """A request finished: cache its KV'd tokens `key`, unlock its path, drop its pages.
+    ) -> MatchResult:
+        """A request finished: cache its KV'd tokens `key`, unlock its path, drop its pages;
+        returns the cached path (ending on the node its last whole page ends in).
 
         `key` holds the tokens whose KV is in `seq` (prompt + output, minus the last sampled
         token, which never went through the model). Only whole pages are cached; with a
@@ -290,6 +291,7 @@ class PrefixCache(ABC):
             self.retain(inserted.match, retention)
         self.unlock(last_node)
         seq.release()
+        return inserted.match
 
     def cache_unfinished(
         self, key: Sequence[int], seq: SeqPages, last_node: Any, namespace: Namespace = None,

@@ -4,7 +4,9 @@ Decode rows come first (running requests never stall behind a long prompt): one 
 decoding request, retracting the latest arrivals when memory runs out (their KV goes into the
 tree, they re-queue at the front). Then prefill chunks in the rest of the token budget: chunked
 prefills continue, then waiting requests are admitted in policy order until the budget, a row
-or memory runs out. After a retraction memory is short, so nothing new is admitted that step.
+or memory runs out. After a retraction memory is short, so nothing new is admitted that step. Return holds
+(`radixkv.sched.holds`) keep new admissions off finished requests' sequences, but never keep an
+idle pool from admitting.
 Cache-aware policies also skip a request whose uncached prefix an earlier admission of the same
 batch is about to compute (it hits that prefix next step).
 """
@@ -44,6 +46,10 @@ class Admission:
         decode, retracted = self._decode_rows()
         budget = max(1, self.config.scheduler.max_prefill_tokens - len(decode))  # prefill always progresses
         rows = decode + self._prefill_rows(budget, admit=not retracted)
+        holds = self.kv.holds
+        if not rows and not self.running and self.waiting and holds is not None and len(holds):
+            holds.end_idle()  # nothing runs: holds keep the queue out only as long as returns take
+            rows = self._prefill_rows(self.config.scheduler.max_prefill_tokens, admit=True)
         while not rows and self.running:
             # every running request is stuck mid-prefill for lack of pages: the latest yields
             self.retract(max(self.running, key=lambda r: r.arrival_time))
@@ -162,8 +168,8 @@ class Admission:
             req.peeked = None
             if req.rid in admitted:
                 self.waiting.remove(req)
-            else:
-                req.passed_over += 1
+            elif admitted:  # passed over: a later request went ahead of it (a step that admits
+                req.passed_over += 1  # nobody passes over no one)
         return rows
 
     def _chunk(self, req: Req) -> int:

@@ -9,6 +9,10 @@ that touches the page allocator, the request table and the prefix cache.
                        (both retain what they cached as the request's `retention` asks)
     rollback(req, n)   a forward failed: its n new slots never held KV
 
+With `holds` (`radixkv.sched.holds`), a finished request's cached sequence is held from new
+admissions a moment for its next turn: `admit` never evicts a held path (and an admitted
+request claims the holds it continues), while the running requests' own growth may end holds.
+
 Invariant (`check`): free + cached + in-flight pages == the pool, where in-flight pages are held
 by running requests and not by the tree.
 """
@@ -19,6 +23,7 @@ from dataclasses import dataclass, field, replace
 
 from radixkv.errors import CacheInvariantError
 from radixkv.mem import KVMemory, MatchResult, PrefixCache, pages_for_tokens
+from radixkv.sched.holds import ReturnHolds
 from radixkv.sched.policy import match_key
 from radixkv.sched.request import Req, ReqStatus
 
@@ -57,8 +62,10 @@ class Admitted:
 class RequestKV:
     """The KV memory of the requests one scheduler runs (see the module docstring)."""
 
-    def __init__(self, memory: KVMemory, cache: PrefixCache, retract_decode_steps: int):
+    def __init__(self, memory: KVMemory, cache: PrefixCache, retract_decode_steps: int,
+                 holds: ReturnHolds | None = None):
         self.memory = memory
+        self.holds = holds
         self.cache = cache
         self.allocator = memory.allocator
         self.req_table = memory.req_table
@@ -89,9 +96,13 @@ class RequestKV:
         n = min(req.seq_len - match.num_tokens, chunk)
         horizon = min(req.remaining_new_tokens, self.horizon)
         need = pages_for_tokens(match.num_tokens + n + horizon, self.page_size) - len(match.pages)
-        if not self.reserve(need + headroom_pages):
+        # holds keep out new requests only: a return, or a request retracted from the running ones, ends them
+        may_yield = self.holds is not None and (req.retractions > 0 or self.holds.returning(match.last_node))
+        if not self.reserve(need + headroom_pages, may_yield=may_yield):
             self.cache.unlock(match.last_node)
             return None
+        if self.holds is not None:
+            self.holds.claim(match.last_node)
         self.cache.record_use(match)  # now a real use: counts as a hit
         req.seq = self.memory.sequence_from_prefix(match.pages, match.num_tokens)
         req.status, req.last_node, req.kv_len = ReqStatus.RUNNING, match.last_node, match.num_tokens
@@ -103,13 +114,17 @@ class RequestKV:
         """Pages kept free for the next `retract_decode_steps` decode steps of `running`."""
         return sum(r.seq.pages_needed(min(r.remaining_new_tokens, self.horizon)) for r in running)
 
-    def reserve(self, pages: int) -> bool:
+    def reserve(self, pages: int, may_yield: bool = True) -> bool:
         """Make `pages` free, evicting unlocked cache leaves if needed; whether it worked.
+        Running requests' growth (`may_yield`) ends return holds when evicting is not enough;
+        a new admission does not.
 
         Evicts nothing when even evicting everything evictable would not make enough room."""
         short = pages - self.allocator.free_pages
         if short <= 0:
             return True
+        if may_yield and self.holds is not None and short > self.cache.evictable_tokens // self.page_size:
+            self.holds.yield_for(short * self.page_size)
         if short > self.cache.evictable_tokens // self.page_size:
             return False
         self.cache.evict(short * self.page_size)
@@ -136,9 +151,13 @@ class RequestKV:
         req.last_node = match.last_node
         self.req_table.write(req.row, 0, req.seq.slots(0, len(match.pages) * self.page_size))
 
-    def release(self, req: Req) -> None:
-        """Cache what `req` computed, unlock its path, return its pages and row."""
-        self.cache.cache_finished(req.seq_ids[: req.kv_len], req.seq, req.last_node, req.namespace, req.retention)
+    def release(self, req: Req, hold: bool = False) -> None:
+        """Cache what `req` computed, unlock its path, return its pages and row; with `hold` (a
+        request that finished, not one retracted or aborted), hold the cached sequence."""
+        cached = self.cache.cache_finished(req.seq_ids[: req.kv_len], req.seq, req.last_node, req.namespace,
+                                           req.retention)
+        if hold and self.holds is not None and cached is not None:
+            self.holds.hold(cached.last_node)
         self.req_table.free(req.row)
         req.seq, req.row, req.last_node, req.kv_len = None, None, None, 0
 
@@ -150,6 +169,8 @@ class RequestKV:
 
     # -- control and checks ----------------------------------------------------------------------
     def flush(self) -> None:
+        if self.holds is not None:
+            self.holds.release_all()
         self.cache.reset()
 
     def check(self, running: list[Req], waiting: list[Req], idle: bool, held: list[int] = ()) -> None:
@@ -169,6 +190,8 @@ class RequestKV:
         except AssertionError as e:
             raise CacheInvariantError(f"request state: {e}") from e
         self.cache.check_invariants(inflight_pages=len(inflight))
+        if self.holds is not None:
+            self.holds.check()
         if idle:
             if self.cache.protected_tokens:
                 raise CacheInvariantError("a lock outlived its request")
@@ -182,4 +205,6 @@ class RequestKV:
                 "token_usage": (a.total_tokens - a.free_tokens) / a.total_tokens,
                 "evictable_tokens": cache.evictable_tokens, "protected_tokens": cache.protected_tokens,
                 "cached_tokens_in_tree": cache.total_tokens, "evicted_tokens": cache.stats_evicted_tokens,
-                "retained_tokens": cache.retained_tokens}
+                "retained_tokens": cache.retained_tokens,
+                "held_sequences": len(self.holds) if self.holds is not None else 0} | (
+                self.holds.stats.to_dict() if self.holds is not None else {})

@@ -58,7 +58,7 @@ class Req:
     transferred_tokens: int = 0  # prompt tokens a prefill server sent here (disaggregated decode)
     cache_causes: dict[str, int] | None = None  # the prompt split by why it hit or missed, at first admission
     admitted_once: bool = False
-    passed_over: int = 0  # scheduling rounds this request was skipped (lpm starvation bound)
+    passed_over: int = 0  # admission rounds that admitted others but not it (lpm starvation bound)
     retractions: int = 0
     sent_tokens: int = 0  # output tokens already reported in a ReqOutput
     generator: torch.Generator | None = None  # own sampling generator when params.seed is set

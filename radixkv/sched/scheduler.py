@@ -32,6 +32,7 @@ from radixkv.mem import KVMemory, PrefixCache
 from radixkv.mem.miss_causes import explain, retokenized
 from radixkv.outputs import ReqOutput
 from radixkv.sched.admission import Admission
+from radixkv.sched.holds import ReturnHolds
 from radixkv.sched.kv import RequestKV
 from radixkv.sched.policy import SchedulePolicy, match_key
 from radixkv.sched.postprocess import PostProcessor
@@ -75,7 +76,9 @@ class Scheduler:
         self.on_accept: list[Callable[[Req], None]] = []
         self.on_finish: list[Callable[[Req], None]] = []
         self.policy = SchedulePolicy(config.scheduler.schedule_policy, cache, config.scheduler.starvation_limit)
-        self.kv = RequestKV(memory, cache, config.scheduler.retract_decode_steps)
+        hold = config.scheduler.hold_finished_seconds
+        holds = ReturnHolds(cache, hold) if hold > 0 and self.policy.cache_aware else None
+        self.kv = RequestKV(memory, cache, config.scheduler.retract_decode_steps, holds)
         self.admission = Admission(config, self.kv, self.policy, self.stats, self.waiting, self.running,
                                    proposer, limits.context_length, prefetcher, self._explain)
         self.post = PostProcessor(eos_ids, limits.context_length, decoder, self.stats)
@@ -207,9 +210,14 @@ class Scheduler:
         that impossible) ends rather than spin, in `finished`."""
         if self.prefetcher is not None:
             self.prefetcher.poll(self.waiting)
+        if self.kv.holds is not None:
+            self.kv.holds.expire()
         decided = self.admission.schedule()
         if decided is not None:
             return decided
+        if self.kv.holds is not None and len(self.kv.holds) and self.waiting and not self.running:
+            time.sleep(0.001)  # the queue waits a moment for held sequences to come back (holds)
+            return ScheduleOutput([], 0)
         if not self.waiting or self.running:
             if self.transfers is not None and self.transfers.busy and not self.running:
                 time.sleep(0.001)  # only transfers in flight: do not spin
@@ -265,8 +273,10 @@ class Scheduler:
         if self.prefetcher is not None:
             self.prefetcher.forget(req)
         if req.status is ReqStatus.RUNNING:
-            self.kv.release(req)
+            self.kv.release(req, hold=reason.get("type") != "abort")
             self.running.remove(req)
+            if self.kv.holds is not None and not self.running and not self.waiting:
+                self.kv.holds.release_all()  # nothing wants the pages: no need to hold them
         req.status, req.finish_reason = ReqStatus.FINISHED, reason
         req.finish_time = time.perf_counter()
         self.stats.finished_requests += 1

@@ -26,6 +26,7 @@ from radixkv.errors import ConfigError
     (SchedulerConfig, "max_running_requests", 0),
     (SchedulerConfig, "schedule_policy", "random"),
     (SchedulerConfig, "context_length", 1),
+    (SchedulerConfig, "hold_finished_seconds", -1),
     (SpeculativeConfig, "speculative_algorithm", "eagle"),
     (SpeculativeConfig, "speculative_num_draft_tokens", 17),
     (GrammarConfig, "grammar_compile_timeout", 0),
@@ -75,7 +76,7 @@ def test_from_kwargs_routes_each_flat_name_to_its_group():
 
 def test_every_option_name_belongs_to_exactly_one_group():
     names = [option.name for group in GROUPS.values() for option in fields(group)]
-    assert len(names) == len(set(names)) == len(OPTION_GROUPS) == 59  # (41 + kv_storage_persist_timeout, kv_storage_block_size, kv_storage_backend, kv_storage_config, nnodes, node_rank, dist_init_addr, the six disaggregation_*, the five LoRA options)
+    assert len(names) == len(set(names)) == len(OPTION_GROUPS) == 60  # (41 + hold_finished_seconds, kv_storage_persist_timeout, kv_storage_block_size, kv_storage_backend, kv_storage_config, nnodes, node_rank, dist_init_addr, the six disaggregation_*, the five LoRA options)
     assert not set(names) & set(GROUPS)  # `config.cache` is never mistaken for an option
     assert all(OPTION_GROUPS[option.name] == name for name, group in GROUPS.items() for option in fields(group))
 
