@@ -42,6 +42,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from radixkv.attention import cpu_decode
 from radixkv.attention.sdpa_plan import DecodeRows, ExtendSpan, SdpaPlan, ShortRows
 
 _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
@@ -196,6 +197,12 @@ def decode_rows(
     """
     B, Hq, D = q.shape
     H = k_buffer.shape[1]
+    if d.lens is not None and cpu_decode.usable(q, k_buffer, v_buffer):  # K/V read in place (C++)
+        out, lse = cpu_decode.paged_decode(q, k_buffer, v_buffer, d.slots.view(B, d.max_len), d.lens, sm_scale,
+                                           with_lse=bool(d.shared))
+        for s in d.shared:
+            out = _merge_shared(q, k_buffer, v_buffer, s, sm_scale, out, lse)
+        return out
     if d.first_slot is not None:
         k = k_buffer.narrow(0, d.first_slot, d.max_len)  # (L, Hkv, D), a view of the pool
         v = v_buffer.narrow(0, d.first_slot, d.max_len)
@@ -220,3 +227,19 @@ def decode_rows(
         merged = merge(out.index_select(0, s.rows), lse.index_select(0, s.rows), o_s, lse_s)
         out = out.index_copy(0, s.rows, merged)
     return out.reshape(B, Hq, D).to(q.dtype)
+
+
+def _merge_shared(q, k_buffer, v_buffer, s, sm_scale: float, out: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
+    """Rows `s.rows` of `out` (B, Hq, D) with log-sum-exps `lse` (B, Hq) over their own part,
+    merged with their attention over shared prefix `s` (one flash call for all of them)."""
+    B, Hq, D = q.shape
+    H = k_buffer.shape[1]
+    n, g = s.rows.shape[0], Hq // H
+    q_s = q.index_select(0, s.rows).reshape(n, H, g, D).transpose(0, 1).reshape(1, H, n * g, D)  # (1, Hkv, n*g, D)
+    k_s = k_buffer.index_select(0, s.slots).transpose(0, 1)[None]  # (1, Hkv, P, D)
+    v_s = v_buffer.index_select(0, s.slots).transpose(0, 1)[None]
+    o_s, lse_s = _flash(q_s, k_s, v_s, 0.0, False, scale=sm_scale)  # (1, Hkv, n*g, D), (1, Hkv, n*g)
+    o_s = o_s[0].view(H, n, g, D).transpose(0, 1).reshape(n, Hq, D)
+    lse_s = lse_s[0].view(H, n, g).transpose(0, 1).reshape(n, Hq)
+    merged = merge(out.index_select(0, s.rows), lse.index_select(0, s.rows), o_s, lse_s)  # (n, Hq, D)
+    return out.index_copy(0, s.rows, merged)

@@ -48,6 +48,7 @@ class DecodeRows:
     all_rows: bool  # the rows are exactly 0..B-1 of T (a pure decode batch)
     first_slot: int | None  # one row whose slots are first_slot .. first_slot + L - 1: read in place
     shared: list[SharedPrefix]
+    lens: torch.Tensor | None = None  # (B,) int64 how many of its L slots each row reads
 
 
 @dataclass(frozen=True)
@@ -157,7 +158,7 @@ def _plan_decode(req_to_token, req_pool_indices, seq_lens, extend_start_loc, dec
     all_rows = len(dec) == num_tokens
     if len(dec) == 1 and (full_len == 1 or bool((slots[0, 1:] - slots[0, :-1] == 1).all())):
         # a lone sequence on consecutive slots needs no gather
-        return DecodeRows(rows, slots.reshape(-1), None, full_len, all_rows, int(slots[0, 0]), [])
+        return DecodeRows(rows, slots.reshape(-1), None, full_len, all_rows, int(slots[0, 0]), [], lens)
     shared, offsets = _shared_prefixes(slots, lens)
     if shared:
         lens = lens - offsets  # what each row reads beyond its shared prefix
@@ -173,7 +174,7 @@ def _plan_decode(req_to_token, req_pool_indices, seq_lens, extend_start_loc, dec
         mask = valid[:, None, None, :]  # (B, 1, 1, L)
     if shared:  # the flash kernel that returns log-sum-exps takes an additive float mask
         mask = None if mask is None else torch.zeros(mask.shape, device=mask.device).masked_fill(~mask, float("-inf"))
-    return DecodeRows(rows, slots.reshape(-1), mask, max_len, all_rows, None, shared)
+    return DecodeRows(rows, slots.reshape(-1), mask, max_len, all_rows, None, shared, lens)
 
 
 def _shared_prefixes(slots: torch.Tensor, lens: torch.Tensor) -> tuple[list[SharedPrefix], torch.Tensor]:
