@@ -233,3 +233,25 @@ def test_a_request_is_passed_over_only_when_another_is_admitted_ahead_of_it():
         step(sched)
         run += 1
     assert_idle_and_clean(sched)
+
+
+def test_another_tenant_with_the_same_tokens_neither_claims_nor_evicts_a_hold():
+    """Tenants' prefixes live under their own namespaces: a second tenant sending the first one's
+    conversation (its next turn, token for token) hits nothing, claims nothing, and as a new
+    request may not evict the held sequence."""
+    sched, admitted_c, a2 = conversation_then_cold_request(hold_seconds=1.0)
+    run = 0
+    while sched.has_work and run < 60:
+        step(sched)
+        run += 1
+    a = list(range(100, 120)) + [500, 501, 502, 503, 504]
+    sched.add_request(request("r", list(range(300, 302)), max_new_tokens=12))  # busy pool again
+    sched.add_request(request("a3", a + [7, 8], max_new_tokens=5))
+    finish(sched, "a3")  # tenant one's turn, held
+    claimed = sched.kv.holds.stats.claimed
+    intruder = request("b", a + [7, 8, 9], max_new_tokens=2)
+    intruder.namespace = "tenant-b"
+    sched.add_request(intruder)
+    step(sched)
+    assert sched.kv.holds.stats.claimed == claimed and len(sched.kv.holds) == 1
+    assert (intruder.cached_tokens or 0) == 0
