@@ -275,8 +275,8 @@ class Scheduler:
         if req.status is ReqStatus.RUNNING:
             self.kv.release(req, hold=reason.get("type") != "abort")
             self.running.remove(req)
-            if self.kv.holds is not None and not self.running and not self.waiting:
-                self.kv.holds.release_all()  # nothing wants the pages: no need to hold them
+        if self.kv.holds is not None and not self.running and not self.waiting:
+            self.kv.holds.release_all()  # nothing wants the pages: no need to hold them
         req.status, req.finish_reason = ReqStatus.FINISHED, reason
         req.finish_time = time.perf_counter()
         self.stats.finished_requests += 1

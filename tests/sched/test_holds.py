@@ -255,3 +255,20 @@ def test_another_tenant_with_the_same_tokens_neither_claims_nor_evicts_a_hold():
     step(sched)
     assert sched.kv.holds.stats.claimed == claimed and len(sched.kv.holds) == 1
     assert (intruder.cached_tokens or 0) == 0
+
+
+def test_aborting_the_last_queued_request_behind_holds_leaves_no_hold():
+    """The queue waits behind holds with nothing running; its one request is aborted: the
+    scheduler is idle, so no hold may outlive it (an idle pool has no lock)."""
+    sched = make_scheduler(num_pages=40, schedule_policy="lpm", hold_finished_seconds=10.0,
+                           retract_decode_steps=1)
+    sched.kv.holds.clock = Clock()
+    sched.add_request(request("x", list(range(600, 610)), max_new_tokens=12))
+    sched.add_request(request("y", list(range(700, 716)), max_new_tokens=2))
+    finish(sched, "y")
+    sched.add_request(request("z", list(range(800, 815)), max_new_tokens=2))
+    finish(sched, "x")
+    assert len(sched.kv.holds) == 2 and not sched.running
+    sched.abort("z")
+    assert not sched.has_work and len(sched.kv.holds) == 0
+    assert_idle_and_clean(sched)
