@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 
 from radixkv.cache_dirs import cache_root
+from radixkv.errors import CacheInvariantError
 
 logger = logging.getLogger(__name__)
 
@@ -91,14 +92,14 @@ def _load() -> ctypes.CDLL | None:
             logger.info("building the paged decode attention kernel (%s)", path)
             _build(cxx, path)
         lib = ctypes.CDLL(str(path))
-        if lib.radixkv_paged_decode_abi() != 1:
+        if lib.radixkv_paged_decode_abi() != 2:
             raise RuntimeError(f"{path}: unexpected ABI")
     except (OSError, RuntimeError, subprocess.SubprocessError) as e:
         logger.warning("paged decode attention kernel unavailable, using SDPA: %s", e)
         return None
     p, i = ctypes.c_void_p, ctypes.c_int64
-    lib.radixkv_paged_decode.argtypes = [p, p, p, p, p, p, p, i, i, i, i, i, ctypes.c_float]
-    lib.radixkv_paged_decode.restype = None
+    lib.radixkv_paged_decode.argtypes = [p, p, p, p, p, p, p, i, i, i, i, i, i, ctypes.c_float]
+    lib.radixkv_paged_decode.restype = ctypes.c_int64
     return lib
 
 
@@ -127,7 +128,10 @@ def paged_decode(
     slots = slots.contiguous()
     out = torch.empty_like(q)
     lse = torch.empty(B, Hq, dtype=torch.float32) if with_lse else None
-    library().radixkv_paged_decode(q.data_ptr(), k_buffer.data_ptr(), v_buffer.data_ptr(), slots.data_ptr(),
-                                   lens.data_ptr(), out.data_ptr(), None if lse is None else lse.data_ptr(),
-                                   B, Hq, Hkv, D, slots.shape[1], float(sm_scale))
+    bad = library().radixkv_paged_decode(q.data_ptr(), k_buffer.data_ptr(), v_buffer.data_ptr(), slots.data_ptr(),
+                                         lens.data_ptr(), out.data_ptr(), None if lse is None else lse.data_ptr(),
+                                         B, Hq, Hkv, D, slots.shape[1], S, float(sm_scale))
+    if bad:
+        raise CacheInvariantError(f"paged decode: {bad} of {B} rows list slots outside the pool's {S} "
+                                  f"or more than their {slots.shape[1]} columns")
     return out, lse

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from radixkv.attention import cpu_decode
+from radixkv.errors import CacheInvariantError
 from radixkv.attention.sdpa_paged import decode_rows
 from radixkv.attention.sdpa_plan import _plan_decode
 
@@ -97,3 +98,14 @@ def test_without_a_compiler_or_when_switched_off_there_is_no_kernel(monkeypatch,
         assert len(list((tmp_path / "kernels").glob("paged_decode-*.so"))) == 1
     finally:
         cpu_decode._state["lib"] = lib
+
+
+def test_slots_outside_the_pool_raise_instead_of_reading_past_it():
+    q, k = torch.randn(2, 4, 64), torch.randn(64, 2, 64)
+    slots = torch.tensor([[0, 1, 2], [3, 64, 5]])  # row 1 lists slot 64 of a 64-slot pool
+    with pytest.raises(CacheInvariantError, match="1 of 2 rows"):
+        cpu_decode.paged_decode(q, k, k, slots, torch.tensor([3, 3]), 0.125)
+    out, _ = cpu_decode.paged_decode(q, k, k, slots, torch.tensor([3, 1]), 0.125)  # beyond its length: unread
+    assert torch.isfinite(out).all()
+    with pytest.raises(CacheInvariantError):
+        cpu_decode.paged_decode(q, k, k, slots, torch.tensor([4, 1]), 0.125)  # longer than its columns

@@ -20,7 +20,7 @@
 
 #include <omp.h>
 
-extern "C" int radixkv_paged_decode_abi() { return 1; }
+extern "C" int radixkv_paged_decode_abi() { return 2; }
 
 static void by_head(const float* q, const float* k, const float* v, const int64_t* slots,
                                      const int64_t* lens, float* out, float* lse, int64_t B, int64_t Hq,
@@ -127,11 +127,22 @@ static void by_row(const float* q, const float* k, const float* v, const int64_t
   }
 }
 
-extern "C" void radixkv_paged_decode(const float* q, const float* k, const float* v, const int64_t* slots,
-                                     const int64_t* lens, float* out, float* lse, int64_t B, int64_t Hq,
-                                     int64_t Hkv, int64_t D, int64_t L, float scale) {
+// Returns 0, or (computing nothing) the number of rows whose length or slots fall outside the
+// pool's S slots / the L columns: a bad plan never reads past the buffers.
+extern "C" int64_t radixkv_paged_decode(const float* q, const float* k, const float* v, const int64_t* slots,
+                                        const int64_t* lens, float* out, float* lse, int64_t B, int64_t Hq,
+                                        int64_t Hkv, int64_t D, int64_t L, int64_t S, float scale) {
+  int64_t bad = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t n = lens[b];
+    bool ok = n >= 0 && n <= L;
+    for (int64_t t = 0; ok && t < n; ++t) ok = slots[b * L + t] >= 0 && slots[b * L + t] < S;
+    bad += !ok;
+  }
+  if (bad) return bad;
   if (B >= omp_get_max_threads())
     by_row(q, k, v, slots, lens, out, lse, B, Hq, Hkv, D, L, scale);
   else
     by_head(q, k, v, slots, lens, out, lse, B, Hq, Hkv, D, L, scale);
+  return 0;
 }
