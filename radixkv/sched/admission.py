@@ -4,9 +4,9 @@ Decode rows come first (running requests never stall behind a long prompt): one 
 decoding request, retracting the latest arrivals when memory runs out (their KV goes into the
 tree, they re-queue at the front). Then prefill chunks in the rest of the token budget: chunked
 prefills continue, then waiting requests are admitted in policy order until the budget, a row
-or memory runs out. After a retraction memory is short, so nothing new is admitted that step. Return holds
-(`radixkv.sched.holds`) keep new admissions off finished requests' sequences, but never keep an
-idle pool from admitting.
+or memory runs out. After a retraction memory is short, so nothing new is admitted that step.
+Return holds (`radixkv.sched.holds`) keep new admissions off finished requests' sequences, and
+keep an idle pool's queue out only as long as returns have been seen to take.
 Cache-aware policies also skip a request whose uncached prefix an earlier admission of the same
 batch is about to compute (it hits that prefix next step).
 """
