@@ -197,7 +197,7 @@ def decode_rows(
     """
     B, Hq, D = q.shape
     H = k_buffer.shape[1]
-    if d.lens is not None and cpu_decode.usable(q, k_buffer, v_buffer):  # K/V read in place (C++)
+    if cpu_decode.usable(q, k_buffer, v_buffer):  # K/V read in place (C++)
         out, lse = cpu_decode.paged_decode(q, k_buffer, v_buffer, d.slots.view(B, d.max_len), d.lens, sm_scale,
                                            with_lse=bool(d.shared))
         for s in d.shared:
@@ -216,28 +216,23 @@ def decode_rows(
         out = F.scaled_dot_product_attention(q_grouped, k, v, attn_mask=d.mask, scale=sm_scale)
         return out.reshape(B, Hq, D).to(q.dtype)  # (B, Hkv, group, D) -> (B, Hq, D)
     out, lse = _flash(q_grouped, k, v, 0.0, False, attn_mask=d.mask, scale=sm_scale)  # (B, Hkv, g, D), (B, Hkv, g)
+    out, lse = out.reshape(B, Hq, D), lse.reshape(B, Hq)
     for s in d.shared:
-        n, g = s.rows.shape[0], Hq // H
-        q_s = q_grouped.index_select(0, s.rows).transpose(0, 1).reshape(1, H, n * g, D)  # (1, Hkv, n*g, D)
-        k_s = k_buffer.index_select(0, s.slots).float().transpose(0, 1)[None]  # (1, Hkv, P, D)
-        v_s = v_buffer.index_select(0, s.slots).float().transpose(0, 1)[None]
-        o_s, lse_s = _flash(q_s, k_s, v_s, 0.0, False, scale=sm_scale)  # (1, Hkv, n*g, D), (1, Hkv, n*g)
-        o_s = o_s[0].view(H, n, g, D).transpose(0, 1)  # (n, Hkv, g, D)
-        lse_s = lse_s[0].view(H, n, g).transpose(0, 1)  # (n, Hkv, g)
-        merged = merge(out.index_select(0, s.rows), lse.index_select(0, s.rows), o_s, lse_s)
-        out = out.index_copy(0, s.rows, merged)
-    return out.reshape(B, Hq, D).to(q.dtype)
+        out = _merge_shared(q, k_buffer, v_buffer, s, sm_scale, out, lse)
+    return out.to(q.dtype)
 
 
 def _merge_shared(q, k_buffer, v_buffer, s, sm_scale: float, out: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
-    """Rows `s.rows` of `out` (B, Hq, D) with log-sum-exps `lse` (B, Hq) over their own part,
-    merged with their attention over shared prefix `s` (one flash call for all of them)."""
+    """Rows `s.rows` of `out` (B, Hq, D) float32 with log-sum-exps `lse` (B, Hq) over their own
+    part, merged with their attention over shared prefix `s` (one flash call for all of them;
+    the query heads of a KV head are rows of one problem). Both decode paths end here."""
     B, Hq, D = q.shape
     H = k_buffer.shape[1]
     n, g = s.rows.shape[0], Hq // H
-    q_s = q.index_select(0, s.rows).reshape(n, H, g, D).transpose(0, 1).reshape(1, H, n * g, D)  # (1, Hkv, n*g, D)
-    k_s = k_buffer.index_select(0, s.slots).transpose(0, 1)[None]  # (1, Hkv, P, D)
-    v_s = v_buffer.index_select(0, s.slots).transpose(0, 1)[None]
+    q_s = q.index_select(0, s.rows).float().reshape(n, H, g, D)  # (n, Hkv, g, D)
+    q_s = q_s.transpose(0, 1).reshape(1, H, n * g, D)  # (1, Hkv, n*g, D)
+    k_s = k_buffer.index_select(0, s.slots).float().transpose(0, 1)[None]  # (1, Hkv, P, D)
+    v_s = v_buffer.index_select(0, s.slots).float().transpose(0, 1)[None]
     o_s, lse_s = _flash(q_s, k_s, v_s, 0.0, False, scale=sm_scale)  # (1, Hkv, n*g, D), (1, Hkv, n*g)
     o_s = o_s[0].view(H, n, g, D).transpose(0, 1).reshape(n, Hq, D)
     lse_s = lse_s[0].view(H, n, g).transpose(0, 1).reshape(n, Hq)

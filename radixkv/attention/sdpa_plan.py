@@ -48,7 +48,7 @@ class DecodeRows:
     all_rows: bool  # the rows are exactly 0..B-1 of T (a pure decode batch)
     first_slot: int | None  # one row whose slots are first_slot .. first_slot + L - 1: read in place
     shared: list[SharedPrefix]
-    lens: torch.Tensor | None = None  # (B,) int64 how many of its L slots each row reads
+    lens: torch.Tensor  # (B,) int64 how many of its L slots each row reads
 
 
 @dataclass(frozen=True)
