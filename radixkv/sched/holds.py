@@ -49,7 +49,7 @@ CLAIM_SHARE = 0.5
 IDLE_GRACE = 0.25  # seconds an idle pool waits for a return before any return was timed
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)  # a hold is itself: compared by identity
 class _Hold:
     node: Any  # the TreeNode the held sequence ends on (locked once by this hold)
     taken: float  # clock seconds
@@ -122,9 +122,10 @@ class ReturnHolds:
         self.stats.taken += 1
         return True
 
-    def _claimed_by(self, matched: Any) -> list[_Hold]:
-        """The holds a request whose cached prefix ends at `matched` continues: it covers half or
-        more of their path."""
+    def claims(self, matched: Any) -> list[_Hold]:
+        """The holds a request whose cached prefix ends at `matched` continues (it covers half or
+        more of their path): a held sequence's return, which may take room from the other holds
+        as no queued request may."""
         if not self._holds or matched is None or matched.parent is None:
             return []
         end = _end(matched)
@@ -137,16 +138,13 @@ class ReturnHolds:
                 out.append(h)
         return out
 
-    def returning(self, matched: Any) -> bool:
-        """Whether a request whose cached prefix ends at `matched` is a held sequence's return
-        (which may then take room from the other holds, as no queued request may)."""
-        return bool(self._claimed_by(matched))
-
-    def claim(self, matched: Any) -> None:
-        """A request was admitted with its cached prefix ending at `matched` (locked by it): the
-        holds it continues end as claimed."""
+    def claim(self, claims: list[_Hold]) -> None:
+        """A request was admitted that continues `claims` (`claims()` of its cached prefix, which
+        it locked): those still held end as claimed."""
         now = None
-        for h in self._claimed_by(matched):
+        for h in claims:
+            if h not in self._holds:  # ended meanwhile (yielded to make room for this request)
+                continue
             now = self.clock() if now is None else now
             self._returns.append(now - h.taken)
             self._end(h, claimed=True, outcome=True)

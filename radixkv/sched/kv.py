@@ -97,12 +97,12 @@ class RequestKV:
         horizon = min(req.remaining_new_tokens, self.horizon)
         need = pages_for_tokens(match.num_tokens + n + horizon, self.page_size) - len(match.pages)
         # holds keep out new requests only: a return, or a request retracted from the running ones, ends them
-        may_yield = self.holds is not None and (req.retractions > 0 or self.holds.returning(match.last_node))
-        if not self.reserve(need + headroom_pages, may_yield=may_yield):
+        claims = self.holds.claims(match.last_node) if self.holds is not None else []
+        if not self.reserve(need + headroom_pages, may_yield=bool(claims) or req.retractions > 0):
             self.cache.unlock(match.last_node)
             return None
-        if self.holds is not None:
-            self.holds.claim(match.last_node)
+        if claims:
+            self.holds.claim(claims)
         self.cache.record_use(match)  # now a real use: counts as a hit
         req.seq = self.memory.sequence_from_prefix(match.pages, match.num_tokens)
         req.status, req.last_node, req.kv_len = ReqStatus.RUNNING, match.last_node, match.num_tokens

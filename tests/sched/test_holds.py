@@ -47,7 +47,7 @@ def test_a_held_sequence_cannot_be_evicted_and_a_continuation_claims_it():
     clock.now = 0.2
     nxt = cache.settle(cache.peek(a + [7, 8]))  # the next turn: a + its new message
     cache.lock(nxt.last_node)  # admitted: its own lock
-    holds.claim(nxt.last_node)
+    holds.claim(holds.claims(nxt.last_node))
     assert len(holds) == 0 and holds.stats.claimed == 1
     assert holds.idle_grace == pytest.approx(0.4)  # twice the return time seen
     cache.unlock(nxt.last_node)
@@ -60,12 +60,12 @@ def test_a_match_covering_half_the_held_path_claims_it_and_less_does_not():
     holds, _ = holds_over(cache)
     holds.hold(na)
     short = cache.settle(cache.peek(a[:19])).last_node  # a retokenized answer may match less
-    assert not holds.returning(short)
-    holds.claim(short)
+    assert not holds.claims(short)
+    holds.claim(holds.claims(short))
     assert len(holds) == 1
     half = cache.settle(cache.peek(a[:20])).last_node
-    assert holds.returning(half)
-    holds.claim(half)
+    assert holds.claims(half)
+    holds.claim(holds.claims(half))
     assert len(holds) == 0 and holds.stats.claimed == 1
 
 
@@ -74,8 +74,8 @@ def test_another_sequence_never_claims_a_hold():
     cache, (na, nb) = cache_with(a, b)
     holds, _ = holds_over(cache)
     holds.hold(na)
-    assert not holds.returning(nb) and not holds.returning(cache.root)
-    holds.claim(nb)
+    assert not holds.claims(nb) and not holds.claims(cache.root)
+    holds.claim(holds.claims(nb))
     assert len(holds) == 1
 
 
@@ -91,14 +91,14 @@ def test_holds_expire_and_unreturned_holds_turn_holding_off_except_probes():
     held = [holds.hold(n) for n in nodes[H.WARMUP: H.WARMUP + 2 * H.PROBE_EVERY]]
     assert sum(held) == 2 and holds.stats.skipped == 2 * H.PROBE_EVERY - 2  # one probe in PROBE_EVERY
     for node in holds.held_nodes():  # the probes come back
-        holds.claim(node)
+        holds.claim(holds.claims(node))
     rest = iter(nodes[H.WARMUP + 2 * H.PROBE_EVERY:])
     probes = 0
     while not holds.paying:  # every probe returns: holding resumes once half the outcomes are claims
         node = next(rest)
         if holds.hold(node):
             probes += 1
-            holds.claim(node)
+            holds.claim(holds.claims(node))
     assert probes + 2 == H.WARMUP  # claims now equal the expiries
     assert all(holds.hold(n) for n in list(rest)[:5])
     assert cache.evictable_tokens + cache.protected_tokens == cache.total_tokens
