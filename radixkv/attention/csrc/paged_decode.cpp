@@ -22,109 +22,57 @@
 
 extern "C" int radixkv_paged_decode_abi() { return 2; }
 
-static void by_head(const float* q, const float* k, const float* v, const int64_t* slots,
-                                     const int64_t* lens, float* out, float* lse, int64_t B, int64_t Hq,
-                                     int64_t Hkv, int64_t D, int64_t L, float scale) {
-  const int64_t g = Hq / Hkv;
-  const int64_t items = B * Hkv;
-#pragma omp parallel
-  {
-    std::vector<float> scores(static_cast<size_t>(g * (L > 0 ? L : 1)));
-    std::vector<float> acc(static_cast<size_t>(g * D));
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t item = 0; item < items; ++item) {
-      const int64_t b = item / Hkv, h = item % Hkv;
-      const int64_t n = lens[b];
-      const int64_t* sl = slots + b * L;
-      const float* qh = q + (b * Hq + h * g) * D;
-      for (int64_t t = 0; t < n; ++t) {
-        const float* kr = k + (sl[t] * Hkv + h) * D;
-        if (t + 1 < n) __builtin_prefetch(k + (sl[t + 1] * Hkv + h) * D);
-        for (int64_t j = 0; j < g; ++j) {
-          const float* qj = qh + j * D;
-          float s = 0.f;
-#pragma omp simd reduction(+ : s)
-          for (int64_t d = 0; d < D; ++d) s += qj[d] * kr[d];
-          scores[j * L + t] = s * scale;
-        }
-      }
-      for (int64_t j = 0; j < g; ++j) {
-        float* sj = scores.data() + j * L;
-        float m = -INFINITY;
-        for (int64_t t = 0; t < n; ++t) m = sj[t] > m ? sj[t] : m;
-        float sum = 0.f;
-        for (int64_t t = 0; t < n; ++t) {
-          sj[t] = std::exp(sj[t] - m);
-          sum += sj[t];
-        }
-        const float inv = sum > 0.f ? 1.f / sum : 0.f;
-        for (int64_t t = 0; t < n; ++t) sj[t] *= inv;
-        if (lse != nullptr) lse[b * Hq + h * g + j] = n > 0 ? m + std::log(sum) : -INFINITY;
-      }
-      for (int64_t i = 0; i < g * D; ++i) acc[i] = 0.f;
-      for (int64_t t = 0; t < n; ++t) {
-        const float* vr = v + (sl[t] * Hkv + h) * D;
-        if (t + 1 < n) __builtin_prefetch(v + (sl[t + 1] * Hkv + h) * D);
-        for (int64_t j = 0; j < g; ++j) {
-          const float p = scores[j * L + t];
-          float* aj = acc.data() + j * D;
-#pragma omp simd
-          for (int64_t d = 0; d < D; ++d) aj[d] += p * vr[d];
-        }
-      }
-      float* oh = out + (b * Hq + h * g) * D;
-      for (int64_t i = 0; i < g * D; ++i) oh[i] = acc[i];
-    }
-  }
-}
-
-static void one_row(const float* q, const float* k, const float* v, const int64_t* sl, int64_t n, float* out, float* lse,
-                    int64_t Hq, int64_t Hkv, int64_t D, int64_t L, float scale, float* scores, float* acc) {
-  const int64_t g = Hq / Hkv;
+// One row's query heads of KV heads [h0, h1) over its n slots sl: q_row, out_row (Hq, D) and
+// lse_row (Hq,) of that row; scores (>= Hq * L floats) and acc (>= Hq * D) are the thread's.
+static void attend(const float* q_row, const float* k, const float* v, const int64_t* sl, int64_t n,
+                   float* out_row, float* lse_row, int64_t Hq, int64_t Hkv, int64_t D, int64_t L, float scale,
+                   int64_t h0, int64_t h1, float* scores, float* acc) {
+  const int64_t g = Hq / Hkv, j0 = h0 * g, j1 = h1 * g;
+  const int64_t span = (h1 - h0) * D * static_cast<int64_t>(sizeof(float));  // bytes of a slot's K (or V) read
   for (int64_t t = 0; t < n; ++t) {
     const float* kr = k + sl[t] * Hkv * D;
-    if (t + 1 < n) { const char* nx = (const char*)(k + sl[t + 1] * Hkv * D); for (int64_t c = 0; c < Hkv * D * 4; c += 64) __builtin_prefetch(nx + c); }
-    for (int64_t j = 0; j < Hq; ++j) {
-      const float* qj = q + j * D; const float* kh = kr + (j / g) * D;
+    if (t + 1 < n) {
+      const char* nx = reinterpret_cast<const char*>(k + (sl[t + 1] * Hkv + h0) * D);
+      for (int64_t c = 0; c < span; c += 64) __builtin_prefetch(nx + c);
+    }
+    for (int64_t j = j0; j < j1; ++j) {
+      const float* qj = q_row + j * D;
+      const float* kh = kr + (j / g) * D;
       float s = 0.f;
 #pragma omp simd reduction(+ : s)
       for (int64_t d = 0; d < D; ++d) s += qj[d] * kh[d];
-      scores[j * L + t] = s * scale;
+      scores[(j - j0) * L + t] = s * scale;
     }
   }
-  for (int64_t j = 0; j < Hq; ++j) {
-    float* sj = scores + j * L; float m = -INFINITY;
+  for (int64_t j = j0; j < j1; ++j) {
+    float* sj = scores + (j - j0) * L;
+    float m = -INFINITY;
     for (int64_t t = 0; t < n; ++t) m = sj[t] > m ? sj[t] : m;
     float sum = 0.f;
-    for (int64_t t = 0; t < n; ++t) { sj[t] = std::exp(sj[t] - m); sum += sj[t]; }
+    for (int64_t t = 0; t < n; ++t) {
+      sj[t] = std::exp(sj[t] - m);
+      sum += sj[t];
+    }
     const float inv = sum > 0.f ? 1.f / sum : 0.f;
     for (int64_t t = 0; t < n; ++t) sj[t] *= inv;
-    if (lse != nullptr) lse[j] = n > 0 ? m + std::log(sum) : -INFINITY;
+    if (lse_row != nullptr) lse_row[j] = n > 0 ? m + std::log(sum) : -INFINITY;
   }
-  for (int64_t i = 0; i < Hq * D; ++i) acc[i] = 0.f;
+  for (int64_t i = 0; i < (j1 - j0) * D; ++i) acc[i] = 0.f;
   for (int64_t t = 0; t < n; ++t) {
     const float* vr = v + sl[t] * Hkv * D;
-    if (t + 1 < n) { const char* nx = (const char*)(v + sl[t + 1] * Hkv * D); for (int64_t c = 0; c < Hkv * D * 4; c += 64) __builtin_prefetch(nx + c); }
-    for (int64_t j = 0; j < Hq; ++j) {
-      const float p = scores[j * L + t]; float* aj = acc + j * D; const float* vh = vr + (j / g) * D;
+    if (t + 1 < n) {
+      const char* nx = reinterpret_cast<const char*>(v + (sl[t + 1] * Hkv + h0) * D);
+      for (int64_t c = 0; c < span; c += 64) __builtin_prefetch(nx + c);
+    }
+    for (int64_t j = j0; j < j1; ++j) {
+      const float p = scores[(j - j0) * L + t];
+      float* aj = acc + (j - j0) * D;
+      const float* vh = vr + (j / g) * D;
 #pragma omp simd
       for (int64_t d = 0; d < D; ++d) aj[d] += p * vh[d];
     }
   }
-  for (int64_t i = 0; i < Hq * D; ++i) out[i] = acc[i];
-}
-
-static void by_row(const float* q, const float* k, const float* v, const int64_t* slots,
-                                     const int64_t* lens, float* out, float* lse, int64_t B, int64_t Hq,
-                                     int64_t Hkv, int64_t D, int64_t L, float scale) {
-#pragma omp parallel
-  {
-    std::vector<float> scores(static_cast<size_t>(Hq * (L > 0 ? L : 1)));
-    std::vector<float> acc(static_cast<size_t>(Hq * D));
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t b = 0; b < B; ++b)
-      one_row(q + b * Hq * D, k, v, slots + b * L, lens[b], out + b * Hq * D, lse ? lse + b * Hq : nullptr, Hq, Hkv, D, L, scale, scores.data(), acc.data());
-  }
+  for (int64_t i = 0; i < (j1 - j0) * D; ++i) out_row[j0 * D + i] = acc[i];
 }
 
 // Returns 0, or (computing nothing) the number of rows whose length or slots fall outside the
@@ -140,9 +88,18 @@ extern "C" int64_t radixkv_paged_decode(const float* q, const float* k, const fl
     bad += !ok;
   }
   if (bad) return bad;
-  if (B >= omp_get_max_threads())
-    by_row(q, k, v, slots, lens, out, lse, B, Hq, Hkv, D, L, scale);
-  else
-    by_head(q, k, v, slots, lens, out, lse, B, Hq, Hkv, D, L, scale);
+  const int64_t per_item = B >= omp_get_max_threads() ? Hkv : 1;  // KV heads of one work item
+  const int64_t items = B * (Hkv / per_item);
+#pragma omp parallel
+  {
+    std::vector<float> scores(static_cast<size_t>(Hq * (L > 0 ? L : 1)));
+    std::vector<float> acc(static_cast<size_t>(Hq * D));
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t item = 0; item < items; ++item) {
+      const int64_t b = item / (Hkv / per_item), h0 = item % (Hkv / per_item) * per_item;
+      attend(q + b * Hq * D, k, v, slots + b * L, lens[b], out + b * Hq * D, lse ? lse + b * Hq : nullptr, Hq, Hkv,
+             D, L, scale, h0, h0 + per_item, scores.data(), acc.data());
+    }
+  }
   return 0;
 }
