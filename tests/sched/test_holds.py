@@ -7,7 +7,7 @@ import pytest
 from radixkv.mem import PageAllocator, make_prefix_cache
 from radixkv.sched import holds as H
 from radixkv.sched.holds import ReturnHolds
-from tests.sched.test_scheduler_decides import assert_idle_and_clean, make_scheduler, request, step
+from tests.sched.test_scheduler_decides import assert_idle_and_clean, make_scheduler, request, run_to_idle, step
 
 
 class Clock:
@@ -178,14 +178,13 @@ def test_without_holds_the_cold_request_evicts_the_conversation():
     sched, admitted_c, a2 = conversation_then_cold_request(hold_seconds=0)
     assert sched.kv.holds is None
     assert admitted_c
-    run = 0
-    while sched.has_work and run < 60:
-        step(sched)
-        run += 1
+    run_to_idle(sched)
     assert not sched.has_work and a2.cached_tokens < 24  # c evicted part of a's sequence
 
 
-def test_an_idle_pool_admits_the_queue_once_the_holds_grace_is_over():
+def queue_behind_two_holds():
+    """A 40-token pool where x and y finished and are held, nothing runs, and z waits for room
+    beside the holds; with the holds' hand-moved clock."""
     sched = make_scheduler(num_pages=40, schedule_policy="lpm", hold_finished_seconds=10.0,
                            retract_decode_steps=1)
     clock = Clock()
@@ -195,6 +194,11 @@ def test_an_idle_pool_admits_the_queue_once_the_holds_grace_is_over():
     finish(sched, "y")  # held; x runs on
     sched.add_request(request("z", list(range(800, 815)), max_new_tokens=2))  # no room beside the holds
     finish(sched, "x")  # held too: nothing runs, z waits behind two holds
+    return sched, clock
+
+
+def test_an_idle_pool_admits_the_queue_once_the_holds_grace_is_over():
+    sched, clock = queue_behind_two_holds()
     assert len(sched.kv.holds) == 2 and sched.reqs["z"] not in sched.running
     out, _ = step(sched)
     assert not out.rows and "z" in sched.reqs  # within the grace it waits, and is not aborted
@@ -228,10 +232,7 @@ def test_a_request_is_passed_over_only_when_another_is_admitted_ahead_of_it():
     for _ in range(3):
         step(sched)
     assert sched.reqs["w"].passed_over == 0  # nobody went ahead of it
-    run = 0
-    while sched.has_work and run < 40:
-        step(sched)
-        run += 1
+    run_to_idle(sched)
     assert_idle_and_clean(sched)
 
 
@@ -240,10 +241,7 @@ def test_another_tenant_with_the_same_tokens_neither_claims_nor_evicts_a_hold():
     conversation (its next turn, token for token) hits nothing, claims nothing, and as a new
     request may not evict the held sequence."""
     sched, admitted_c, a2 = conversation_then_cold_request(hold_seconds=1.0)
-    run = 0
-    while sched.has_work and run < 60:
-        step(sched)
-        run += 1
+    run_to_idle(sched)
     a = list(range(100, 120)) + [500, 501, 502, 503, 504]
     sched.add_request(request("r", list(range(300, 302)), max_new_tokens=12))  # busy pool again
     sched.add_request(request("a3", a + [7, 8], max_new_tokens=5))
@@ -260,14 +258,7 @@ def test_another_tenant_with_the_same_tokens_neither_claims_nor_evicts_a_hold():
 def test_aborting_the_last_queued_request_behind_holds_leaves_no_hold():
     """The queue waits behind holds with nothing running; its one request is aborted: the
     scheduler is idle, so no hold may outlive it (an idle pool has no lock)."""
-    sched = make_scheduler(num_pages=40, schedule_policy="lpm", hold_finished_seconds=10.0,
-                           retract_decode_steps=1)
-    sched.kv.holds.clock = Clock()
-    sched.add_request(request("x", list(range(600, 610)), max_new_tokens=12))
-    sched.add_request(request("y", list(range(700, 716)), max_new_tokens=2))
-    finish(sched, "y")
-    sched.add_request(request("z", list(range(800, 815)), max_new_tokens=2))
-    finish(sched, "x")
+    sched, _ = queue_behind_two_holds()
     assert len(sched.kv.holds) == 2 and not sched.running
     sched.abort("z")
     assert not sched.has_work and len(sched.kv.holds) == 0
