@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from radixkv import native
 from radixkv.attention import cpu_decode
 from radixkv.errors import CacheInvariantError
 from radixkv.attention.sdpa_paged import decode_rows
@@ -47,11 +48,11 @@ def test_the_kernel_matches_the_sdpa_path(lens, heads, kv_heads, dim, shared, sc
     assert bool(d.shared) == bool(shared)
     ours = decode_rows(q, k_buffer, v_buffer, d, 1 / math.sqrt(dim))
     lib = cpu_decode.library()
-    cpu_decode._state["lib"] = None
+    cpu_decode.KERNEL.set(None)
     try:
         ref = decode_rows(q, k_buffer, v_buffer, d, 1 / math.sqrt(dim))
     finally:
-        cpu_decode._state["lib"] = lib
+        cpu_decode.KERNEL.set(lib)
     torch.testing.assert_close(ours, ref, atol=2e-5, rtol=1e-4)
 
 
@@ -85,19 +86,19 @@ def test_without_a_compiler_or_when_switched_off_there_is_no_kernel(monkeypatch,
     try:
         monkeypatch.setenv("RADIXKV_CACHE_DIR", str(tmp_path))
         monkeypatch.setenv("CXX", "/bin/false")  # "compiles" nothing, and fails
-        cpu_decode._state.clear()
+        cpu_decode.KERNEL.forget()
         assert cpu_decode.library() is None
         assert not list((tmp_path / "kernels").glob("*.so"))
         monkeypatch.delenv("CXX")
-        monkeypatch.setenv(cpu_decode.ENV_SWITCH, "0")
-        cpu_decode._state.clear()
+        monkeypatch.setenv(native.ENV_SWITCH, "0")
+        cpu_decode.KERNEL.forget()
         assert cpu_decode.library() is None
-        monkeypatch.delenv(cpu_decode.ENV_SWITCH)
-        cpu_decode._state.clear()
+        monkeypatch.delenv(native.ENV_SWITCH)
+        cpu_decode.KERNEL.forget()
         assert cpu_decode.library() is not None  # built afresh into the new cache root
         assert len(list((tmp_path / "kernels").glob("paged_decode-*.so"))) == 1
     finally:
-        cpu_decode._state["lib"] = lib
+        cpu_decode.KERNEL.set(lib)
 
 
 def test_slots_outside_the_pool_raise_instead_of_reading_past_it():

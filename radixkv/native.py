@@ -1,0 +1,106 @@
+"""The C++ CPU kernels shipped as sources: built on first use, loaded with ctypes (`NativeLibrary`).
+
+Each kernel is one plain C++ file (no torch headers) compiled with the machine's C++ compiler
+(the one torch's inductor needs already) at `-O3 -march=native -fopenmp`, into
+`<cache root>/kernels/<name>-<key>.so`, the key hashing the source, the compiler's version and
+the CPU's flags; later starts load the built library (a few ms). OpenMP resolves to the runtime
+torch already loaded (same soname), so a kernel and torch share one thread pool.
+
+Without a compiler, when a build fails, or with `RADIXKV_CPU_KERNELS=0`, `get()` is None and the
+callers keep their torch path; correctness never depends on a kernel (tests compare the two).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from radixkv.cache_dirs import cache_root
+
+logger = logging.getLogger(__name__)
+
+ENV_SWITCH = "RADIXKV_CPU_KERNELS"  # "0": never build or use a kernel
+
+
+def _compiler() -> str | None:
+    return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+
+
+def _cpu_id() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return line
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+class NativeLibrary:
+    """One kernel source, `radixkv_<name>_abi()` returning `abi`; `declare` sets the ctypes
+    signatures of the loaded library."""
+
+    def __init__(self, name: str, source: Path, abi: int, declare: Callable[[ctypes.CDLL], None]):
+        self.name, self.source, self.abi, self.declare = name, source, abi, declare
+        self._lock = threading.Lock()
+        self._state: dict[str, ctypes.CDLL | None] = {}
+
+    def get(self) -> ctypes.CDLL | None:
+        """The built library, building it on first use; None when it cannot be had."""
+        with self._lock:
+            if "lib" not in self._state:
+                self._state["lib"] = self._load()
+            return self._state["lib"]
+
+    def set(self, lib: ctypes.CDLL | None) -> None:
+        """Use `lib` from now on (None: the torch path), as tests compare the two."""
+        with self._lock:
+            self._state["lib"] = lib
+
+    def forget(self) -> None:
+        """Look again on the next `get()` (the switch, the compiler, the cache root)."""
+        with self._lock:
+            self._state.clear()
+
+    def _load(self) -> ctypes.CDLL | None:
+        if os.environ.get(ENV_SWITCH, "1") == "0":
+            return None
+        cxx = _compiler()
+        if cxx is None:
+            logger.info("no C++ compiler: the %s kernel is not built, torch's path runs", self.name)
+            return None
+        try:
+            version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
+            key = hashlib.sha256(self.source.read_bytes() + version.encode() + _cpu_id().encode()).hexdigest()[:16]
+            path = cache_root() / "kernels" / f"{self.name}-{key}.so"
+            if not path.exists():
+                logger.info("building the %s kernel (%s)", self.name, path)
+                self._build(cxx, path)
+            lib = ctypes.CDLL(str(path))
+            if getattr(lib, f"radixkv_{self.name}_abi")() != self.abi:
+                raise RuntimeError(f"{path}: unexpected ABI")
+            self.declare(lib)
+        except (OSError, RuntimeError, AttributeError, subprocess.SubprocessError) as e:
+            logger.warning("the %s kernel is unavailable, torch's path runs: %s", self.name, e)
+            return None
+        return lib
+
+    def _build(self, cxx: str, out: Path) -> None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
+            target = Path(tmp) / out.name
+            cmd = [cxx, "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-o", str(target), str(self.source)]
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+            if proc.returncode:
+                raise RuntimeError(f"{' '.join(cmd)} failed: {proc.stderr[-2000:]}")
+            os.replace(target, out)  # atomic: a concurrent builder's copy is as good
