@@ -115,13 +115,14 @@ def test_the_wheel_and_the_sdist_hold_every_module_of_the_tree(wheels):
     assert from_sdist == expected, f"the sdist loses {sorted(expected - from_sdist)}"
 
 
-def test_the_wheel_and_the_sdist_ship_the_dashboard_page_and_the_kernel_source(wheels):
+def test_the_wheel_and_the_sdist_ship_the_dashboard_page_and_the_kernel_sources(wheels):
     """The /dashboard page is package data (radixkv/server/http/static/), read when its module
-    imports; so is the CPU decode kernel's source, built on first use."""
+    imports; so are the CPU kernels' sources (decode attention, small-batch GEMM), built on first use."""
     for wheel in wheels:
         names = zipfile.ZipFile(wheel).namelist()
         assert "radixkv/server/http/static/dashboard.html" in names, wheel.name
         assert "radixkv/attention/csrc/paged_decode.cpp" in names, wheel.name
+        assert "radixkv/model/csrc/packed_gemm.cpp" in names, wheel.name
 
 
 def test_every_module_imports_from_the_installed_wheel(installed, tmp_path):

@@ -14,7 +14,8 @@ development machine (`benchmarks/roofline.py`):
   on this CPU; oneDNN with the weight reordered once into its blocked layout runs the same
   products at the memory or matmul limit (the 49,152 x 576 output layer at batch 8: 8 ms
   instead of 28-45 ms). `prepack_linears` swaps every `nn.Linear` of a loaded model for a
-  `PackedLinear` that holds only the packed copy.
+  `PackedLinear` that holds only the packed copy. At decode-sized row counts our own kernel
+  reads that same copy (`packed_gemm`), faster than oneDNN's there.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ import weakref
 
 import torch
 from torch import nn
+
+from radixkv.model import packed_gemm
 
 logger = logging.getLogger(__name__)
 
@@ -101,6 +104,7 @@ class PackedLinear(nn.Module):
         super().__init__()
         self.out_features, self.in_features = weight.shape
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous())
+        self.panels = packed_gemm.panel_width(self.packed, self.out_features, self.in_features)  # None: oneDNN only
         self.bias = None if bias is None else bias.detach().clone()
         self.register_buffer("key", torch.zeros(1, dtype=torch.uint8), persistent=False)  # (1,) names this module
         _packed_by_key[self.key.data_ptr()] = self
@@ -114,6 +118,8 @@ class PackedLinear(nn.Module):
         return self.product(x, residual)
 
     def product(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        if self.panels is not None and packed_gemm.usable(x, residual):  # decode-sized: read in place
+            return packed_gemm.product(x, self.packed, self.panels, self.out_features, self.bias, residual)
         if residual is not None:
             return torch.ops.mkldnn._linear_pointwise.binary(x, residual, self.packed, self.bias, "add")
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
