@@ -104,8 +104,8 @@ class PackedLinear(nn.Module):
         super().__init__()
         self.out_features, self.in_features = weight.shape
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous())
-        self.panels = packed_gemm.panel_width(self.packed, self.out_features, self.in_features)  # None: oneDNN only
         self.bias = None if bias is None else bias.detach().clone()
+        self.small = packed_gemm.PanelGemm.of(self.packed, self.out_features, self.in_features, self.bias)
         self.register_buffer("key", torch.zeros(1, dtype=torch.uint8), persistent=False)  # (1,) names this module
         _packed_by_key[self.key.data_ptr()] = self
 
@@ -118,8 +118,8 @@ class PackedLinear(nn.Module):
         return self.product(x, residual)
 
     def product(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-        if self.panels is not None and packed_gemm.usable(x, residual):  # decode-sized: read in place
-            return packed_gemm.product(x, self.packed, self.panels, self.out_features, self.bias, residual)
+        if self.small is not None and self.small.serves(x):  # decode-sized rows: our kernel, same buffer
+            return self.small(x, residual)
         if residual is not None:
             return torch.ops.mkldnn._linear_pointwise.binary(x, residual, self.packed, self.bias, "add")
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")

@@ -80,31 +80,47 @@ def _probe(key: bytes, N: int, K: int) -> int | None:
     return None
 
 
-def product(
-    x: torch.Tensor,  # (M, K) fp32, rows contiguous
-    packed: torch.Tensor,  # oneDNN's copy of W (N, K), laid out in panels of `width`
-    width: int,
-    out_features: int,
-    bias: torch.Tensor | None,  # (N,)
-    residual: torch.Tensor | None,  # (M, N)
-) -> torch.Tensor:  # (M, N)
-    """`x @ W.T (+ bias) (+ residual)` by the kernel; callers check `usable` first."""
-    M, K = x.shape
-    N = out_features
-    assert x.stride(1) == 1 and (residual is None or residual.shape == (M, N)), (x.shape, x.stride(), N)
-    out = torch.empty(M, N, dtype=torch.float32)
-    if bias is not None:
-        bias = bias.contiguous()
-    if residual is not None:
-        residual = residual.contiguous()
-    library().radixkv_packed_gemm(
-        x.data_ptr(), x.stride(0), torch.ops.mkldnn.data_ptr(packed), None if bias is None else bias.data_ptr(),
-        None if residual is None else residual.data_ptr(), out.data_ptr(), M, N, K, width)
-    return out
+class PanelGemm:
+    """The kernel bound to one packed weight (and its bias): `gemm(x, residual)` for decode rows.
 
+    Everything fixed per layer (the library, the buffer's address, the bias) is looked up once
+    here, so a call costs one check of `x` and one foreign call (121 of them per decode step).
+    """
 
-def usable(x: torch.Tensor, residual: torch.Tensor | None) -> bool:
-    """Whether these inputs suit the kernel: 1 to `MAX_ROWS` CPU fp32 rows, and it is built."""
-    return (x.dim() == 2 and 0 < x.shape[0] <= MAX_ROWS and x.dtype == torch.float32 and x.device.type == "cpu"
-            and x.stride(1) == 1 and (residual is None or residual.dtype == torch.float32)
-            and library() is not None)
+    def __init__(self, lib: ctypes.CDLL, packed: torch.Tensor, width: int, out_features: int,
+                 in_features: int, bias: torch.Tensor | None):
+        self._fn = lib.radixkv_packed_gemm
+        self._packed = packed  # keeps the buffer alive
+        self._weight = torch.ops.mkldnn.data_ptr(packed)
+        self._bias = None if bias is None else bias.contiguous()
+        self._bias_ptr = None if bias is None else self._bias.data_ptr()
+        self.width, self.out_features, self.in_features = width, out_features, in_features
+
+    @classmethod
+    def of(cls, packed: torch.Tensor, out_features: int, in_features: int,
+           bias: torch.Tensor | None) -> PanelGemm | None:
+        """The kernel for this weight, or None (not built here, or another layout: oneDNN only)."""
+        lib = library()
+        width = panel_width(packed, out_features, in_features) if lib is not None else None
+        return None if width is None else cls(lib, packed, width, out_features, in_features, bias)
+
+    def serves(self, x: torch.Tensor) -> bool:
+        """Whether `x` is for the kernel: 1 to `MAX_ROWS` fp32 CPU rows, each contiguous."""
+        return (x.dim() == 2 and 0 < x.shape[0] <= MAX_ROWS and x.dtype == torch.float32
+                and x.device.type == "cpu" and x.stride(1) == 1)
+
+    def __call__(
+        self,
+        x: torch.Tensor,  # (M, K) fp32, rows contiguous (`serves(x)`)
+        residual: torch.Tensor | None = None,  # (M, N)
+    ) -> torch.Tensor:  # (M, N): x @ W.T (+ bias) (+ residual)
+        M, K = x.shape
+        N = self.out_features
+        assert K == self.in_features and x.stride(1) == 1, (x.shape, x.stride(), self.in_features)
+        if residual is not None:
+            assert residual.shape == (M, N), (residual.shape, M, N)
+            residual = residual.contiguous().float()
+        out = torch.empty(M, N, dtype=torch.float32)
+        self._fn(x.data_ptr(), x.stride(0), self._weight, self._bias_ptr,
+                 None if residual is None else residual.data_ptr(), out.data_ptr(), M, N, K, self.width)
+        return out

@@ -33,7 +33,7 @@ def test_padded_layouts_are_left_to_onednn():
         packed = torch.ops.mkldnn._reorder_linear_weight(torch.randn(N, K))
         assert packed_gemm.panel_width(packed, N, K) is None
         layer = PackedLinear(torch.randn(N, K))
-        assert layer.panels is None
+        assert layer.small is None
         x = torch.randn(3, K)
         torch.testing.assert_close(layer(x), x @ layer_weight(layer).T, atol=1e-4, rtol=1e-4)
 
@@ -48,11 +48,10 @@ def test_every_row_count_it_serves_equals_f_linear(N, K, bias):
     torch.manual_seed(N + K)
     w, b = torch.randn(N, K) * 0.1, torch.randn(N) if bias else None
     layer = PackedLinear(w, b)
-    if layer.panels is None:
-        pytest.skip(f"oneDNN pads ({N}, {K}) here")
+    assert layer.small is not None, f"oneDNN pads ({N}, {K}) here"
     for M in range(1, packed_gemm.MAX_ROWS + 2):
         x, residual = torch.randn(M, K), torch.randn(M, N)
-        assert packed_gemm.usable(x, None) == (M <= packed_gemm.MAX_ROWS)
+        assert layer.small.serves(x) == (M <= packed_gemm.MAX_ROWS)
         torch.testing.assert_close(layer(x), F.linear(x, w, b), atol=1e-4, rtol=1e-4)
         torch.testing.assert_close(layer(x, residual), F.linear(x, w, b) + residual, atol=1e-4, rtol=1e-4)
 
@@ -63,16 +62,17 @@ def test_strided_rows_and_the_kernel_called_directly():
     layer = PackedLinear(w)
     wide = torch.randn(5, 200)
     x = wide[:, 10:74]  # rows 200 apart
-    out = packed_gemm.product(x, layer.packed, layer.panels, 192, None, None)
-    torch.testing.assert_close(out, x @ w.T, atol=1e-4, rtol=1e-4)
-    assert not packed_gemm.usable(torch.randn(4, 64).t().contiguous().t(), None)  # columns strided: oneDNN
+    assert layer.small.serves(x)
+    torch.testing.assert_close(layer.small(x), x @ w.T, atol=1e-4, rtol=1e-4)
+    assert not layer.small.serves(torch.randn(64, 4).t())  # columns strided: oneDNN
+    assert not layer.small.serves(torch.randn(4, 64, dtype=torch.float64))
 
 
 def test_it_is_used_for_decode_rows(monkeypatch):
     """A decode-sized product goes through the kernel, a prefill-sized one through oneDNN."""
     calls = []
-    real = packed_gemm.product
-    monkeypatch.setattr(packed_gemm, "product", lambda *a: calls.append(a[0].shape[0]) or real(*a))
+    real = packed_gemm.PanelGemm.__call__
+    monkeypatch.setattr(packed_gemm.PanelGemm, "__call__", lambda self, x, r=None: calls.append(len(x)) or real(self, x, r))
     layer = PackedLinear(torch.randn(128, 64))
     layer(torch.randn(8, 64))
     layer(torch.randn(packed_gemm.MAX_ROWS + 1, 64))
@@ -88,8 +88,10 @@ def test_switched_off_there_is_no_kernel_and_products_stay_equal(monkeypatch):
     try:
         monkeypatch.setenv(native.ENV_SWITCH, "0")
         packed_gemm.KERNEL.forget()
-        assert packed_gemm.library() is None and not packed_gemm.usable(x, None)
-        torch.testing.assert_close(PackedLinear(w)(x), ours, atol=1e-4, rtol=1e-4)
+        assert packed_gemm.library() is None
+        off = PackedLinear(w)
+        assert off.small is None
+        torch.testing.assert_close(off(x), ours, atol=1e-4, rtol=1e-4)
     finally:
         packed_gemm.KERNEL.set(lib)
     assert isinstance(packed_gemm.KERNEL.get(), ctypes.CDLL)
