@@ -40,7 +40,15 @@ KERNEL = NativeLibrary("packed_gemm", Path(__file__).with_name("csrc") / "packed
 def library() -> ctypes.CDLL | None:
     """The kernel, when built for AVX-512 (see the module docstring); else None."""
     lib = KERNEL.get()
-    return lib if lib is not None and lib.radixkv_packed_gemm_vector_bits() == 512 else None
+    if lib is None or lib.radixkv_packed_gemm_vector_bits() != 512:
+        return None
+    _entry[0] = lib.radixkv_packed_gemm
+    return lib
+
+
+# The loaded entry point, kept here rather than on any layer: a compiled forward saves the
+# modules' attributes into its package, which cannot hold a ctypes function.
+_entry: list = [None]
 
 
 def raw_buffer(packed: torch.Tensor) -> torch.Tensor:  # (nbytes / 4,) fp32, sharing the packed memory
@@ -82,15 +90,14 @@ def _probe(key: bytes, N: int, K: int) -> int | None:
 
 class PanelGemm:
     """The kernel bound to one packed weight (and its bias): `gemm(x, residual)` for decode rows.
+    Its owner keeps `packed` alive (`PackedLinear`).
 
-    Everything fixed per layer (the library, the buffer's address, the bias) is looked up once
-    here, so a call costs one check of `x` and one foreign call (121 of them per decode step).
+    Everything fixed per layer (the buffer's address, the bias) is looked up once here, so a call
+    costs one check of `x` and one foreign call (121 of them per decode step).
     """
 
-    def __init__(self, lib: ctypes.CDLL, packed: torch.Tensor, width: int, out_features: int,
-                 in_features: int, bias: torch.Tensor | None):
-        self._fn = lib.radixkv_packed_gemm
-        self._packed = packed  # keeps the buffer alive
+    def __init__(self, packed: torch.Tensor, width: int, out_features: int, in_features: int,
+                 bias: torch.Tensor | None):
         self._weight = torch.ops.mkldnn.data_ptr(packed)
         self._bias = None if bias is None else bias.contiguous()
         self._bias_ptr = None if bias is None else self._bias.data_ptr()
@@ -100,9 +107,8 @@ class PanelGemm:
     def of(cls, packed: torch.Tensor, out_features: int, in_features: int,
            bias: torch.Tensor | None) -> PanelGemm | None:
         """The kernel for this weight, or None (not built here, or another layout: oneDNN only)."""
-        lib = library()
-        width = panel_width(packed, out_features, in_features) if lib is not None else None
-        return None if width is None else cls(lib, packed, width, out_features, in_features, bias)
+        width = panel_width(packed, out_features, in_features) if library() is not None else None
+        return None if width is None else cls(packed, width, out_features, in_features, bias)
 
     def serves(self, x: torch.Tensor) -> bool:
         """Whether `x` is for the kernel: 1 to `MAX_ROWS` fp32 CPU rows, each contiguous."""
@@ -121,6 +127,6 @@ class PanelGemm:
             assert residual.shape == (M, N), (residual.shape, M, N)
             residual = residual.contiguous().float()
         out = torch.empty(M, N, dtype=torch.float32)
-        self._fn(x.data_ptr(), x.stride(0), self._weight, self._bias_ptr,
+        _entry[0](x.data_ptr(), x.stride(0), self._weight, self._bias_ptr,
                  None if residual is None else residual.data_ptr(), out.data_ptr(), M, N, K, self.width)
         return out
