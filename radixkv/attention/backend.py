@@ -24,7 +24,7 @@ from abc import ABC, abstractmethod
 
 import torch
 
-from radixkv.attention import sdpa_paged, sdpa_plan
+from radixkv.attention import cpu_decode, sdpa_paged, sdpa_plan
 from radixkv.attention.forward_batch import ForwardBatch, ForwardMode
 from radixkv.errors import ConfigError
 from radixkv.mem.kv_pool import KVPool
@@ -107,19 +107,58 @@ class TorchBackend(ReferenceBackend):
         super().__init__(pool, req_to_token)
         self.fused = pool.device.type == "cpu"
         self._sdpa_plan: sdpa_plan.SdpaPlan | None = None
+        self._direct: list[tuple[torch.Tensor, torch.Tensor]] | None = None  # per layer: fp32 K, V (S, Hkv, D)
+        self._direct_decode: sdpa_plan.DecodeRows | None | bool = False  # False: not decided this forward
 
     def begin_forward(self, fb: ForwardBatch) -> None:
         super().begin_forward(fb)
         self._sdpa_plan = None
+        self._direct_decode = False
+
+    def forward(self, q, k, v, layer, sm_scale, sliding_window, fb):
+        """A pure decode batch on a dense fp32 pool stores and attends in one C++ call per layer
+        (`cpu_decode`): at small batch the separate store and the Python around it cost more than
+        the attention itself. Every other batch takes the store-then-attend path."""
+        if fb is self._fb and sliding_window is None and q.dtype == k.dtype == torch.float32:
+            d = self._direct_decode if self._direct_decode is not False else self._plan_direct_decode(fb)
+            if d is not None:
+                kb, vb = self._direct[layer]
+                B = q.shape[0]
+                out, lse = cpu_decode.paged_decode(q, kb, vb, d.slots.view(B, d.max_len), d.lens, sm_scale,
+                                                   with_lse=bool(d.shared), store=(k, v, fb.out_cache_loc))
+                for s in d.shared:
+                    out = sdpa_paged.merge_shared(q, kb, vb, s, sm_scale, out, lse)
+                return out
+        return super().forward(q, k, v, layer, sm_scale, sliding_window, fb)
+
+    def _plan_direct_decode(self, fb: ForwardBatch) -> sdpa_plan.DecodeRows | None:
+        """This forward's decode rows when the direct path serves it, else None (decided once)."""
+        self._direct_decode = None
+        if not self.fused or fb.mode is not ForwardMode.DECODE or self.pool.layout.latent:
+            return None
+        if self._direct is None:
+            kv = [self.pool.kernel_buffers(layer) for layer in range(self.pool.layout.num_layers)]
+            self._direct = [(b.k, b.v) for b in kv] if all(
+                b.kv_format == "dense" and b.k.dtype == torch.float32 and b.k.is_contiguous() and b.v.is_contiguous()
+                for b in kv) else []
+        if not self._direct or cpu_decode.library() is None:
+            return None
+        d = self._plan(fb).decode
+        if d is not None and d.all_rows:
+            self._direct_decode = d
+        return self._direct_decode
+
+    def _plan(self, fb: ForwardBatch) -> sdpa_plan.SdpaPlan:
+        if self._sdpa_plan is None:
+            self._sdpa_plan = sdpa_plan.plan(self.req_to_token, fb.req_pool_indices, fb.seq_lens,
+                                              fb.prefix_lens, fb.extend_start_loc, fb.num_tokens)
+        return self._sdpa_plan
 
     def attend(self, q, k, v, layer, sm_scale, sliding_window, fb):
         if sliding_window is not None or not self.fused:
             return super().attend(q, k, v, layer, sm_scale, sliding_window, fb)
-        if self._sdpa_plan is None:
-            self._sdpa_plan = sdpa_plan.plan(self.req_to_token, fb.req_pool_indices, fb.seq_lens,
-                                              fb.prefix_lens, fb.extend_start_loc, fb.num_tokens)
         return sdpa_paged.attention(q, k, v, self.pool.k_view(layer), self.pool.v_view(layer),
-                                    self._sdpa_plan, sm_scale, fb.out_cache_loc)
+                                    self._plan(fb), sm_scale, fb.out_cache_loc)
 
 
 class TritonBackend(AttentionBackend):

@@ -201,7 +201,7 @@ def decode_rows(
         out, lse = cpu_decode.paged_decode(q, k_buffer, v_buffer, d.slots.view(B, d.max_len), d.lens, sm_scale,
                                            with_lse=bool(d.shared))
         for s in d.shared:
-            out = _merge_shared(q, k_buffer, v_buffer, s, sm_scale, out, lse)
+            out = merge_shared(q, k_buffer, v_buffer, s, sm_scale, out, lse)
         return out
     if d.first_slot is not None:
         k = k_buffer.narrow(0, d.first_slot, d.max_len)  # (L, Hkv, D), a view of the pool
@@ -218,11 +218,11 @@ def decode_rows(
     out, lse = _flash(q_grouped, k, v, 0.0, False, attn_mask=d.mask, scale=sm_scale)  # (B, Hkv, g, D), (B, Hkv, g)
     out, lse = out.reshape(B, Hq, D), lse.reshape(B, Hq)
     for s in d.shared:
-        out = _merge_shared(q, k_buffer, v_buffer, s, sm_scale, out, lse)
+        out = merge_shared(q, k_buffer, v_buffer, s, sm_scale, out, lse)
     return out.to(q.dtype)
 
 
-def _merge_shared(q, k_buffer, v_buffer, s, sm_scale: float, out: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
+def merge_shared(q, k_buffer, v_buffer, s, sm_scale: float, out: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
     """Rows `s.rows` of `out` (B, Hq, D) float32 with log-sum-exps `lse` (B, Hq) over their own
     part, merged with their attention over shared prefix `s` (one flash call for all of them;
     the query heads of a KV head are rows of one problem). Both decode paths end here."""
