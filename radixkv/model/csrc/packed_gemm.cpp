@@ -22,22 +22,32 @@ static inline void store(float* p, v16 v) { std::memcpy(p, &v, sizeof v); }
 #endif
 
 // Rows [0, MR) against NV 16-wide column vectors of one panel, over all of K, in registers.
+// The loops over rows and vectors are unrolled by hand-placed pragmas: left to GCC 12 the 8 x 4
+// tile kept its accumulators on the stack (1,610 spilled zmm loads and stores in the object,
+// 48 after), and a decode step at batch 8 ran 7 % slower (25.8 vs 27.9 ms, A/B in one process).
 template <int MR, int NV>
 static inline void tile(const float* x, int64_t ldx, const float* panel, int64_t NB, int64_t K,
                         const float* bias, const float* res, float* y, int64_t ldy) {
   v16 acc[MR][NV];
+#pragma GCC unroll 16
   for (int m = 0; m < MR; ++m)
+#pragma GCC unroll 4
     for (int v = 0; v < NV; ++v) acc[m][v] = (v16){};
   const float* p = panel;
   for (int64_t k = 0; k < K; ++k, p += NB) {
     v16 b[NV];
+#pragma GCC unroll 4
     for (int v = 0; v < NV; ++v) b[v] = load(p + 16 * v);
+#pragma GCC unroll 16
     for (int m = 0; m < MR; ++m) {
       v16 a = (v16){} + x[m * ldx + k];  // broadcast
+#pragma GCC unroll 4
       for (int v = 0; v < NV; ++v) acc[m][v] += a * b[v];
     }
   }
+#pragma GCC unroll 16
   for (int m = 0; m < MR; ++m)
+#pragma GCC unroll 4
     for (int v = 0; v < NV; ++v) {
       v16 r = acc[m][v];
       if (bias) r += load(bias + 16 * v);
