@@ -123,12 +123,7 @@ class TorchBackend(ReferenceBackend):
             d = self._direct_decode if self._direct_decode is not False else self._plan_direct_decode(fb)
             if d is not None:
                 kb, vb = self._direct[layer]
-                B = q.shape[0]
-                out, lse = cpu_decode.paged_decode(q, kb, vb, d.slots.view(B, d.max_len), d.lens, sm_scale,
-                                                   with_lse=bool(d.shared), store=(k, v, fb.out_cache_loc))
-                for s in d.shared:
-                    out = sdpa_paged.merge_shared(q, kb, vb, s, sm_scale, out, lse)
-                return out
+                return sdpa_paged.kernel_decode_rows(q, kb, vb, d, sm_scale, store=(k, v, fb.out_cache_loc))
         return super().forward(q, k, v, layer, sm_scale, sliding_window, fb)
 
     def _plan_direct_decode(self, fb: ForwardBatch) -> sdpa_plan.DecodeRows | None:

@@ -198,11 +198,7 @@ def decode_rows(
     B, Hq, D = q.shape
     H = k_buffer.shape[1]
     if cpu_decode.usable(q, k_buffer, v_buffer):  # K/V read in place (C++)
-        out, lse = cpu_decode.paged_decode(q, k_buffer, v_buffer, d.slots.view(B, d.max_len), d.lens, sm_scale,
-                                           with_lse=bool(d.shared))
-        for s in d.shared:
-            out = merge_shared(q, k_buffer, v_buffer, s, sm_scale, out, lse)
-        return out
+        return kernel_decode_rows(q, k_buffer, v_buffer, d, sm_scale)
     if d.first_slot is not None:
         k = k_buffer.narrow(0, d.first_slot, d.max_len)  # (L, Hkv, D), a view of the pool
         v = v_buffer.narrow(0, d.first_slot, d.max_len)
@@ -218,11 +214,29 @@ def decode_rows(
     out, lse = _flash(q_grouped, k, v, 0.0, False, attn_mask=d.mask, scale=sm_scale)  # (B, Hkv, g, D), (B, Hkv, g)
     out, lse = out.reshape(B, Hq, D), lse.reshape(B, Hq)
     for s in d.shared:
-        out = merge_shared(q, k_buffer, v_buffer, s, sm_scale, out, lse)
+        out = _merge_shared(q, k_buffer, v_buffer, s, sm_scale, out, lse)
     return out.to(q.dtype)
 
 
-def merge_shared(q, k_buffer, v_buffer, s, sm_scale: float, out: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
+def kernel_decode_rows(
+    q: torch.Tensor,  # (B, Hq, D) fp32, each row's (Hq, D) contiguous
+    k_buffer: torch.Tensor,  # (S, Hkv, D) fp32, contiguous (`cpu_decode.usable`)
+    v_buffer: torch.Tensor,
+    d: DecodeRows,
+    sm_scale: float,
+    store: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,  # new k, v (B, Hkv, D), slots (B,)
+) -> torch.Tensor:  # (B, Hq, D)
+    """`decode_rows` on the C++ kernel, which reads K/V in place; with `store`, the kernel first
+    writes this step's new K/V at their slots (the torch backend's direct decode path)."""
+    B = q.shape[0]
+    out, lse = cpu_decode.paged_decode(q, k_buffer, v_buffer, d.slots.view(B, d.max_len), d.lens, sm_scale,
+                                       with_lse=bool(d.shared), store=store)
+    for s in d.shared:
+        out = _merge_shared(q, k_buffer, v_buffer, s, sm_scale, out, lse)
+    return out
+
+
+def _merge_shared(q, k_buffer, v_buffer, s, sm_scale: float, out: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
     """Rows `s.rows` of `out` (B, Hq, D) float32 with log-sum-exps `lse` (B, Hq) over their own
     part, merged with their attention over shared prefix `s` (one flash call for all of them;
     the query heads of a KV head are rows of one problem). Both decode paths end here."""

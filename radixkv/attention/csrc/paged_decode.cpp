@@ -7,9 +7,10 @@
 // lens   (B,)   int64
 // out    (B, Hq, D)      softmax(q k^T * scale) v
 // lse    (B, Hq) or null log-sum-exp of each row's scaled scores (to merge with other parts)
-// k_new, v_new (T, Hkv, D) (rows *_stride apart, (Hkv, D) contiguous), loc (T,) int64, or null: first store this forward's new tokens' K/V
-//        at their slots (the dense pool's store, folded into the same call: a decode step's
-//        store + attention is then one call per layer, not three)
+// k_new, v_new (T, Hkv, D), rows *_stride floats apart, each row's (Hkv, D) contiguous;
+// loc    (T,) int64, or null: first store this forward's new tokens' K/V at their slots (the
+//        dense pool's store, folded into the same call: a decode step's store + attention is
+//        then one call per layer, not three)
 //
 // With at least as many rows as threads, a work item is a row: each of its tokens' K/V rows is
 // read whole, once, for every head (sequential reads). With fewer (batch 1), a work item is a
