@@ -37,6 +37,7 @@ from radixkv.model.cpu_runtime import (
     usable_cores,
 )
 from radixkv.cache_dirs import cache_root
+from radixkv.model import mkl_dispatch
 from radixkv.model.llama import LlamaForCausalLM
 from radixkv.model.loader import load_model, resolve_model_dir
 from radixkv.parallel.devices import rank_device, use_rank_device
@@ -107,6 +108,7 @@ class ModelRunner:
         self.device = memory.device
         self.dtype = config.runtime.torch_dtype
         self.num_threads = None  # torch compute threads, when `load` chose them
+        self.mkl: str | None = None  # what MKL runs (`mkl_dispatch.enable`), when `load` asked
         self.backend = make_backend(config.runtime.attention_backend_name, memory.pool, memory.req_table.table)
         self.backend_fallback: str | None = None  # why the configured backend was replaced, if it was
         if self.backend.name == "triton":
@@ -124,6 +126,7 @@ class ModelRunner:
         (`radixkv.tp.load_runner` passes it); each loads its shard, and the runner's forwards run
         on all of them.
         """
+        mkl = mkl_dispatch.enable()  # before anything calls MKL: it chooses its kernels once
         num_threads = choose_num_threads(rank_threads(config))
         device, tp = rank_device(config, 0), config.runtime.tp_size
         if tp > 1:
@@ -157,6 +160,7 @@ class ModelRunner:
             raise
         runner = cls(config, model, memory, model_dir, context_length, workers)
         runner.num_threads = num_threads
+        runner.mkl = mkl
         if config.lora.enabled:
             runner.enable_lora()
         choice = choose_compile(config.runtime.compile, device, tp, moe=mc.moe is not None, lora=config.lora.enabled)
@@ -176,10 +180,10 @@ class ModelRunner:
             logger.info("tensor parallel over %d ranks: each holds %d/%d heads, %d/%d KV heads; the KV figures "
                         "above are one rank's", tp, mc.num_heads // tp, mc.num_heads, mc.num_kv_heads // tp,
                         mc.num_kv_heads)
-        logger.info("%d torch threads (%s; %d usable cores); %s", num_threads,
+        logger.info("%d torch threads (%s; %d usable cores); %s; MKL: %s", num_threads,
                     "num_threads option" if config.runtime.num_threads is not None else "from CPU affinity",
                     usable_cores(), f"{packed} linear layers prepacked for oneDNN" if packed
-                    else "linear layers not prepacked (needs CPU + float32)")
+                    else "linear layers not prepacked (needs CPU + float32)", mkl)
         return runner
 
     def enable_lora(self) -> None:

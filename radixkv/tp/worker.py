@@ -28,6 +28,7 @@ def serve_rank(rank: int, store: dist.Store, config, model_dir: Path, logger: lo
                gloo_host: str = "127.0.0.1") -> None:
     from radixkv.mem.kv_memory import KVMemory
     from radixkv.model.config import ModelConfig
+    from radixkv.model import mkl_dispatch
     from radixkv.model.cpu_runtime import choose_num_threads
     from radixkv.model.runner import ModelRunner, kv_layout, load_rank_model, rank_threads
     from radixkv.parallel.devices import rank_device, use_rank_device
@@ -36,6 +37,7 @@ def serve_rank(rank: int, store: dist.Store, config, model_dir: Path, logger: lo
     from radixkv.tp.journal import replay
     from radixkv.tp.messages import TP_CODEC, TPForward, TPStart, TPStop, batch_from_message
 
+    mkl_dispatch.enable()  # before this rank's first MKL call
     choose_num_threads(rank_threads(config))
     device = rank_device(config, rank)
     use_rank_device(device)

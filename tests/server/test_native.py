@@ -4,6 +4,8 @@ import json
 
 import pytest
 
+from radixkv.model.mkl_dispatch import cpu_info, why_not
+
 PROMPTS = ["The capital of France is", "A lighthouse is", "Two plus two equals"]
 
 
@@ -56,6 +58,9 @@ def test_server_info_health_metrics_and_flush(server):
         info = c.get("/server_info").json()
         assert info["page_size"] == 1 and info["max_total_tokens"] == 16384
         assert set(info["processes"]) == {"http", "scheduler", "detokenizer"}
+        # the scheduler process loads the model before its first MKL call: MKL's AVX-512 kernels
+        # where this CPU has them (`mkl_dispatch`), else the reason they are not used
+        assert info["mkl"] == (why_not(*cpu_info()) or "AVX-512 kernels (vendor check patched)"), info["mkl"]
         pool = info["kv_pool"]
         s = info["stats"]  # which tier served the prompts (no host tier here: none from the host)
         assert s["device_hit_tokens"] + s["host_hit_tokens"] + s["recomputed_prompt_tokens"] == s["prompt_tokens"]
