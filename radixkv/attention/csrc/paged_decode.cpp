@@ -21,12 +21,75 @@
 // Slots need not be consecutive (a row's pages lie where the allocator put them), so the
 // scores pass prefetches K and V PREFETCH slots ahead: several slots' lines are in flight at
 // once instead of one, and the V pass then reads lines already on their way.
+// On AVX-512 the softmax runs 16 lanes at a time with its own exp (`exp16`): glibc's scalar
+// expf, one call per score, held 8 rows of 500 tokens at 22-24 GB/s; vectorised, 28-32. At
+// head_dim 64 the dot products and the V sums are explicit 4-register loops, and the V pass
+// goes head by head (each query head's output stays in registers; a KV head's V lines, read
+// for its first query head, are in cache for the others): 32-token rows, whose K/V sit in
+// cache, 0.45 -> 0.26 ms a step (30 layers, batch 8).
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <vector>
 
 #include <omp.h>
+#ifdef __AVX512F__
+#include <immintrin.h>
+
+// e^x for 16 lanes (x <= 0 here: scores minus their max): Cody-Waite reduction x = n ln2 + r,
+// |r| <= ln2 / 2, a degree-6 polynomial for e^r (relative error ~2e-7, within fp32 rounding of
+// glibc's expf for softmax weights), then scalef by 2^n. Below -87.3 the result is 0.
+static inline __m512 exp16(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.3f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.3981999507e-3f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  return _mm512_scalef_ps(p, n);
+}
+
+// Softmax of one row of n scores in place: returns (max, sum of exp(s - max)).
+static inline void softmax_row(float* s, int64_t n, float* m_out, float* sum_out) {
+  __m512 vm = _mm512_set1_ps(-INFINITY);
+  int64_t t = 0;
+  for (; t + 16 <= n; t += 16) vm = _mm512_max_ps(vm, _mm512_loadu_ps(s + t));
+  float m = _mm512_reduce_max_ps(vm);
+  for (; t < n; ++t) m = s[t] > m ? s[t] : m;
+  const __m512 bm = _mm512_set1_ps(m);
+  __m512 vs = _mm512_setzero_ps();
+  for (t = 0; t + 16 <= n; t += 16) {
+    const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(s + t), bm));
+    _mm512_storeu_ps(s + t, e);
+    vs = _mm512_add_ps(vs, e);
+  }
+  if (t < n) {
+    const __mmask16 k = static_cast<__mmask16>((1u << (n - t)) - 1);
+    const __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + t), bm));
+    _mm512_mask_storeu_ps(s + t, k, e);
+    vs = _mm512_add_ps(vs, _mm512_maskz_mov_ps(k, e));
+  }
+  *m_out = m;
+  *sum_out = _mm512_reduce_add_ps(vs);
+}
+#else
+static inline void softmax_row(float* s, int64_t n, float* m_out, float* sum_out) {
+  float m = -INFINITY;
+  for (int64_t t = 0; t < n; ++t) m = s[t] > m ? s[t] : m;
+  float sum = 0.f;
+  for (int64_t t = 0; t < n; ++t) {
+    s[t] = std::exp(s[t] - m);
+    sum += s[t];
+  }
+  *m_out = m;
+  *sum_out = sum;
+}
+#endif
 
 extern "C" int radixkv_paged_decode_abi() { return 3; }
 
@@ -55,6 +118,24 @@ static void attend(const float* q_row, const float* k, const float* v, const int
     if (t == 0)  // the first slots' lines at once, then one slot's PREFETCH ahead per slot
       for (int64_t u = 1; u < n && u < PREFETCH; ++u) prefetch(k, v, sl[u], Hkv, D, h0, span);
     if (t + PREFETCH < n) prefetch(k, v, sl[t + PREFETCH], Hkv, D, h0, span);
+#ifdef __AVX512F__
+    if (D == 64) {
+      for (int64_t h = h0; h < h1; ++h) {
+        const float* kh = kr + h * D;
+        const __m512 k0 = _mm512_loadu_ps(kh), k1 = _mm512_loadu_ps(kh + 16), k2 = _mm512_loadu_ps(kh + 32),
+                     k3 = _mm512_loadu_ps(kh + 48);
+        for (int64_t j = h * g; j < (h + 1) * g; ++j) {
+          const float* qj = q_row + j * D;
+          __m512 a = _mm512_mul_ps(_mm512_loadu_ps(qj), k0);
+          a = _mm512_fmadd_ps(_mm512_loadu_ps(qj + 16), k1, a);
+          a = _mm512_fmadd_ps(_mm512_loadu_ps(qj + 32), k2, a);
+          a = _mm512_fmadd_ps(_mm512_loadu_ps(qj + 48), k3, a);
+          scores[(j - j0) * L + t] = _mm512_reduce_add_ps(a) * scale;
+        }
+      }
+      continue;
+    }
+#endif
     for (int64_t j = j0; j < j1; ++j) {
       const float* qj = q_row + j * D;
       const float* kh = kr + (j / g) * D;
@@ -66,18 +147,33 @@ static void attend(const float* q_row, const float* k, const float* v, const int
   }
   for (int64_t j = j0; j < j1; ++j) {
     float* sj = scores + (j - j0) * L;
-    float m = -INFINITY;
-    for (int64_t t = 0; t < n; ++t) m = sj[t] > m ? sj[t] : m;
-    float sum = 0.f;
-    for (int64_t t = 0; t < n; ++t) {
-      sj[t] = std::exp(sj[t] - m);
-      sum += sj[t];
-    }
+    float m, sum;
+    softmax_row(sj, n, &m, &sum);
     const float inv = sum > 0.f ? 1.f / sum : 0.f;
     for (int64_t t = 0; t < n; ++t) sj[t] *= inv;
     if (lse_row != nullptr) lse_row[j] = n > 0 ? m + std::log(sum) : -INFINITY;
   }
   for (int64_t i = 0; i < (j1 - j0) * D; ++i) acc[i] = 0.f;
+#ifdef __AVX512F__
+  if (D == 64) {
+    for (int64_t h = h0; h < h1; ++h)
+      for (int64_t j = h * g; j < (h + 1) * g; ++j) {
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        const float* pj = scores + (j - j0) * L;
+        for (int64_t t = 0; t < n; ++t) {
+          const float* vh = v + sl[t] * Hkv * D + h * D;
+          const __m512 p = _mm512_set1_ps(pj[t]);
+          a0 = _mm512_fmadd_ps(p, _mm512_loadu_ps(vh), a0);
+          a1 = _mm512_fmadd_ps(p, _mm512_loadu_ps(vh + 16), a1);
+          a2 = _mm512_fmadd_ps(p, _mm512_loadu_ps(vh + 32), a2);
+          a3 = _mm512_fmadd_ps(p, _mm512_loadu_ps(vh + 48), a3);
+        }
+        float* o = out_row + j * D;
+        _mm512_storeu_ps(o, a0); _mm512_storeu_ps(o + 16, a1); _mm512_storeu_ps(o + 32, a2); _mm512_storeu_ps(o + 48, a3);
+      }
+    return;
+  }
+#endif
   for (int64_t t = 0; t < n; ++t) {
     const float* vr = v + sl[t] * Hkv * D;
     for (int64_t j = j0; j < j1; ++j) {
