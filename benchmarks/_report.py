@@ -14,10 +14,21 @@ import torch
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
+def same_mkl() -> str:
+    """Give what runs in this process (the transformers peer, an in-process engine) the MKL
+    kernels radixkv's model process takes (`radixkv.model.mkl_dispatch`: AVX-512 on non-Intel
+    AVX-512 CPUs); call before any matmul. What MKL runs, in words."""
+    from radixkv.model import mkl_dispatch
+
+    return mkl_dispatch.enable()
+
+
 def machine() -> dict:
     """What the figures were measured on."""
+    from radixkv.model import mkl_dispatch
+
     return {"machine": platform.platform(), "cpu": _cpu_model(), "cpus": len(os.sched_getaffinity(0)), "python": platform.python_version(),
-            "torch": torch.__version__, "threads": torch.get_num_threads(),
+            "torch": torch.__version__, "threads": torch.get_num_threads(), "mkl_in_this_process": mkl_dispatch.status(),
             "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
             "date": time.strftime("%Y-%m-%dT%H:%M:%S")}
 

@@ -27,7 +27,7 @@ import httpx
 from tqdm import tqdm
 
 from _load import complete, summary
-from _report import RESULTS, machine, save_figure, save_json
+from _report import RESULTS, machine, same_mkl, save_figure, save_json
 from _servers import start_engine
 
 PROSE = Path(__file__).resolve().parent / "data" / "prose.txt"
@@ -161,6 +161,7 @@ def plot(results: dict, path: Path) -> None:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    same_mkl()  # the transformers peer runs in this process
     from radixkv.model.loader import resolve_model_dir
     from radixkv.tokenizer import Tokenizer
 

@@ -94,6 +94,11 @@ def enable() -> str:
         return _status
 
 
+def status() -> str | None:
+    """What `enable` decided in this process, or None before it ran."""
+    return _status
+
+
 def _enable() -> str:
     reason = why_not(*cpu_info())
     if reason is not None:
