@@ -108,6 +108,17 @@ def compile_cache_dir(cache_root: Path) -> Path:
     return cache_root / "compiled" / f"torch-{torch.__version__}-{capability}"
 
 
+def user_chose_inductor_cache() -> bool:
+    """Whether `TORCHINDUCTOR_CACHE_DIR` names a directory of the user's choosing. Importing
+    inductor sets it to inductor's own default under /tmp (a machine's first start imports it
+    while converting the model), which is not a choice: the compiled forward saved there would
+    be missed by the next start, which looks in radixkv's cache, and compiled again."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    chosen = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    return chosen is not None and os.path.abspath(chosen) != os.path.abspath(default_cache_dir())
+
+
 def describe_failure(e: BaseException) -> str:
     """One line for a compile failure: the compiler's own error, not dynamo's wrapper of it."""
     inner = getattr(e, "inner_exception", None) or e
@@ -185,7 +196,7 @@ class CompiledForward:
         self.compile_seconds = 0.0  # tracing and compiling, or loading the saved forward
         self.source: str | None = None  # where the forward came from: "compiled", "saved" or "process"
         self.fallback: str | None = None  # why this runner went back to eager, if it did
-        if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:  # the user's own choice wins
+        if not user_chose_inductor_cache():  # the user's own choice wins
             directory = compile_cache_dir(cache_root)
             directory.mkdir(parents=True, exist_ok=True)
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(directory)

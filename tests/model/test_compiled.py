@@ -190,3 +190,20 @@ def test_compiled_graphs_are_cached_under_the_model_cache(tmp_path):
     where = compile_cache_dir(tmp_path)
     assert where.parent == tmp_path / "compiled"
     assert torch.__version__ in where.name and torch.backends.cpu.get_cpu_capability().lower() in where.name
+
+
+@pytest.mark.parametrize("preset", [None, "inductor's default", "the user's"])
+def test_the_forward_is_saved_in_radixkvs_cache_unless_the_user_chose_a_directory(monkeypatch, tmp_path, preset):
+    """Importing inductor sets TORCHINDUCTOR_CACHE_DIR to its default under /tmp (a machine's
+    first start does, converting the model): that is no choice, and a forward saved there was
+    compiled again by the next start, which looks in radixkv's cache."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    mine = tmp_path / "mine"
+    if preset is None:
+        monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    else:
+        monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", default_cache_dir() if preset == "inductor's default" else str(mine))
+    forward = compiled_mod.CompiledForward(None, tmp_path / "root")
+    want = mine if preset == "the user's" else compile_cache_dir(tmp_path / "root")
+    assert forward.aot_dir == want / "aot"
