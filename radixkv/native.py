@@ -35,15 +35,23 @@ def _compiler() -> str | None:
     return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
 
 
-def _cpu_id() -> str:
+def cpu_info() -> tuple[str, str]:
+    """The CPU's vendor id and its /proc/cpuinfo flags line ('' each where unreadable)."""
+    vendor = ""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("flags"):
-                    return line
+                if line.startswith("vendor_id") and not vendor:
+                    vendor = line.partition(":")[2].strip()
+                elif line.startswith("flags"):
+                    return vendor, line
     except OSError:
         pass
-    return platform.processor() or platform.machine()
+    return vendor, ""
+
+
+def _cpu_id() -> str:
+    return cpu_info()[1] or platform.processor() or platform.machine()
 
 
 class NativeLibrary:

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from radixkv.native import NativeLibrary
+from radixkv import native
 
 logger = logging.getLogger(__name__)
 
@@ -43,27 +43,15 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.radixkv_mkl_dispatch_calls.restype = ctypes.c_int
 
 
-KERNEL = NativeLibrary("mkl_dispatch", Path(__file__).with_name("csrc") / "mkl_dispatch.cpp", 1, _declare)
+KERNEL = native.NativeLibrary("mkl_dispatch", Path(__file__).with_name("csrc") / "mkl_dispatch.cpp", 1, _declare)
 _lock = threading.Lock()
 _status: str | None = None
 
 
 def cpu_info() -> tuple[str, set[str]]:
-    """The CPU's vendor id and feature flags, from /proc/cpuinfo ('' and {} where unreadable)."""
-    vendor, flags = "", set()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                key = key.strip()
-                if key == "vendor_id" and not vendor:
-                    vendor = value.strip()
-                elif key == "flags":
-                    flags = set(value.split())
-                    break
-    except OSError:
-        pass
-    return vendor, flags
+    """The CPU's vendor id and feature flags ('' and {} where unreadable)."""
+    vendor, flags = native.cpu_info()
+    return vendor, set(flags.partition(":")[2].split())
 
 
 def why_not(vendor: str, flags: set[str]) -> str | None:

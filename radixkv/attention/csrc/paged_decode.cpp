@@ -153,7 +153,6 @@ static void attend(const float* q_row, const float* k, const float* v, const int
     for (int64_t t = 0; t < n; ++t) sj[t] *= inv;
     if (lse_row != nullptr) lse_row[j] = n > 0 ? m + std::log(sum) : -INFINITY;
   }
-  for (int64_t i = 0; i < (j1 - j0) * D; ++i) acc[i] = 0.f;
 #ifdef __AVX512F__
   if (D == 64) {
     for (int64_t h = h0; h < h1; ++h)
@@ -174,6 +173,7 @@ static void attend(const float* q_row, const float* k, const float* v, const int
     return;
   }
 #endif
+  for (int64_t i = 0; i < (j1 - j0) * D; ++i) acc[i] = 0.f;
   for (int64_t t = 0; t < n; ++t) {
     const float* vr = v + sl[t] * Hkv * D;
     for (int64_t j = j0; j < j1; ++j) {
