@@ -20,6 +20,7 @@ static inline void store(float* p, v16 v) { std::memcpy(p, &v, sizeof v); }
 #else
 #define MR_MAX 2
 #endif
+#define PREFETCH_K 8  // rows of k ahead (see tile)
 
 // Rows [0, MR) against NV 16-wide column vectors of one panel, over all of K, in registers.
 // The loops over rows and vectors are unrolled by hand-placed pragmas: left to GCC 12 the 8 x 4
@@ -35,6 +36,13 @@ static inline void tile(const float* x, int64_t ldx, const float* panel, int64_t
     for (int v = 0; v < NV; ++v) acc[m][v] = (v16){};
   const float* p = panel;
   for (int64_t k = 0; k < K; ++k, p += NB) {
+    // From 3 rows on the FMAs take long enough that the hardware prefetcher falls behind:
+    // asking for the panel 8 rows of k ahead measured 10 % faster at 4 and 8 rows (13.7 -> 12.2
+    // and 15.0 -> 13.4 ms for SmolLM2's 538 MB of weights), and no gain at 1-2 rows.
+    if (MR >= 3 && k + PREFETCH_K < K) {
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) __builtin_prefetch(p + PREFETCH_K * NB + 16 * v);
+    }
     v16 b[NV];
 #pragma GCC unroll 4
     for (int v = 0; v < NV; ++v) b[v] = load(p + 16 * v);
