@@ -6,6 +6,10 @@ Each kernel is one plain C++ file (no torch headers) compiled with the machine's
 the CPU's flags; later starts load the built library (a few ms). OpenMP resolves to the runtime
 torch already loaded (same soname), so a kernel and torch share one thread pool.
 
+A library that registers torch operators (`torch_ops=True`: a compiled graph calls them without
+going through Python) is built the same way against torch's headers (about 10 s, once per
+torch version) and loaded with `torch.ops.load_library`.
+
 Without a compiler, when a build fails, or with `RADIXKV_CPU_KERNELS=0`, `get()` is None and the
 callers keep their torch path; correctness never depends on a kernel (tests compare the two).
 """
@@ -58,8 +62,13 @@ class NativeLibrary:
     """One kernel source, `radixkv_<name>_abi()` returning `abi`; `declare` sets the ctypes
     signatures of the loaded library."""
 
-    def __init__(self, name: str, source: Path, abi: int, declare: Callable[[ctypes.CDLL], None]):
+    def __init__(self, name: str, source: Path, abi: int, declare: Callable[[ctypes.CDLL], None],
+                 torch_ops: bool = False, includes: tuple[Path, ...] = ()):
+        """`torch_ops`: the source registers torch operators (`TORCH_LIBRARY_FRAGMENT`), so it is
+        built against torch's headers and libraries and loaded with `torch.ops.load_library`;
+        `includes`: the sources it `#include`s, part of the build's key."""
         self.name, self.source, self.abi, self.declare = name, source, abi, declare
+        self.torch_ops, self.includes = torch_ops, includes
         self._lock = threading.Lock()
         self._state: dict[str, ctypes.CDLL | None] = {}
 
@@ -89,11 +98,21 @@ class NativeLibrary:
             return None
         try:
             version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
-            key = hashlib.sha256(self.source.read_bytes() + version.encode() + _cpu_id().encode()).hexdigest()[:16]
-            path = cache_root() / "kernels" / f"{self.name}-{key}.so"
+            h = hashlib.sha256(self.source.read_bytes() + version.encode() + _cpu_id().encode())
+            for extra in self.includes:
+                h.update(extra.read_bytes())
+            if self.torch_ops:
+                import torch
+
+                h.update(f"torch-{torch.__version__}".encode())  # built against its headers
+            path = cache_root() / "kernels" / f"{self.name}-{h.hexdigest()[:16]}.so"
             if not path.exists():
                 logger.info("building the %s kernel (%s)", self.name, path)
                 self._build(cxx, path)
+            if self.torch_ops:
+                import torch
+
+                torch.ops.load_library(str(path))  # runs its operator registrations
             lib = ctypes.CDLL(str(path))
             if getattr(lib, f"radixkv_{self.name}_abi")() != self.abi:
                 raise RuntimeError(f"{path}: unexpected ABI")
@@ -107,8 +126,21 @@ class NativeLibrary:
         out.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
             target = Path(tmp) / out.name
-            cmd = [cxx, "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-o", str(target), str(self.source)]
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+            cmd = [cxx, "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-o", str(target), str(self.source),
+                   *(_torch_flags() if self.torch_ops else [])]
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300 if self.torch_ops else 120)
             if proc.returncode:
                 raise RuntimeError(f"{' '.join(cmd)} failed: {proc.stderr[-2000:]}")
             os.replace(target, out)  # atomic: a concurrent builder's copy is as good
+
+
+def _torch_flags() -> list[str]:
+    """What building against torch's C++ API takes: its headers and ABI, its libraries (and
+    their directory as the run path, so the library loads outside the build environment)."""
+    import torch
+    from torch.utils import cpp_extension
+
+    libs = cpp_extension.library_paths()
+    return ["-std=c++20", f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
+            *(f"-I{p}" for p in cpp_extension.include_paths()), *(f"-L{p}" for p in libs),
+            *(f"-Wl,-rpath,{p}" for p in libs), "-lc10", "-ltorch_cpu"]

@@ -31,6 +31,10 @@ from radixkv.mem.kv_pool import KVPool
 
 BACKENDS = ("torch", "triton", "reference")
 
+# One direct decode forward: each layer's K and V buffers (S, Hkv, D) fp32, the rows' slots
+# (B, L) int64, their lengths (B,) int64, the new tokens' slots (B,) int64.
+DirectDecode = tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor, torch.Tensor, torch.Tensor]
+
 
 class AttentionBackend(ABC):
     """Runs one layer's attention for the current `ForwardBatch`."""
@@ -45,6 +49,12 @@ class AttentionBackend(ABC):
     def begin_forward(self, fb: ForwardBatch) -> None:
         """Start a model forward over `fb` (every layer's `forward` then receives this batch)."""
         self._fb = fb
+
+    def direct_decode(self, fb: ForwardBatch) -> DirectDecode | None:
+        """When every layer of this forward attends by one `paged_decode` call that stores the
+        new K/V and reads the pool in place, that call's inputs (`graph_op` hands them to its
+        C++ kernel once per forward); else None. Call after `begin_forward(fb)`."""
+        return None
 
     def forward(
         self,
@@ -125,6 +135,15 @@ class TorchBackend(ReferenceBackend):
                 kb, vb = self._direct[layer]
                 return sdpa_paged.kernel_decode_rows(q, kb, vb, d, sm_scale, store=(k, v, fb.out_cache_loc))
         return super().forward(q, k, v, layer, sm_scale, sliding_window, fb)
+
+    def direct_decode(self, fb: ForwardBatch) -> DirectDecode | None:
+        if fb is not self._fb:
+            return None
+        d = self._direct_decode if self._direct_decode is not False else self._plan_direct_decode(fb)
+        if d is None or d.shared:  # shared prefixes are merged in Python (`kernel_decode_rows`)
+            return None
+        return ([k for k, _ in self._direct], [v for _, v in self._direct], d.slots.view(-1, d.max_len), d.lens,
+                fb.out_cache_loc)
 
     def _plan_direct_decode(self, fb: ForwardBatch) -> sdpa_plan.DecodeRows | None:
         """This forward's decode rows when the direct path serves it, else None (decided once)."""

@@ -8,8 +8,11 @@ kernels around the two things it must not touch:
 - **attention**, one `radixkv::attention` node per layer (`radixkv.attention.graph_op`): the
   paged backends store K/V and attend exactly as in eager mode, reading the batch's layout from
   the forward context;
-- **prepacked linear layers**, one `radixkv::packed_linear` node each (`cpu_runtime`): oneDNN's
+- **prepacked linear layers**, one `radixkv::packed_linear` node each (`linear_ops`): oneDNN's
   blocked weights, which the compiler can neither trace nor cache.
+
+On the CPU both operators have C++ kernels (built on first use), so a decode step's 151 calls
+cost about 1.5 us each rather than 8-40 us through Python.
 
 The token dimension (and the number of logits rows) is *unbacked*: the graph is compiled for
 any size, so no batch size or prompt length recompiles it (`recompilations` in `get_stats()`

@@ -23,12 +23,11 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
-import weakref
 
 import torch
 from torch import nn
 
-from radixkv.model import packed_gemm
+from radixkv.model import linear_ops, packed_gemm
 
 logger = logging.getLogger(__name__)
 
@@ -84,9 +83,6 @@ def packing_supported(device: torch.device, dtype: torch.dtype) -> bool:
             and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
 
 
-_packed_by_key: weakref.WeakValueDictionary[int, PackedLinear] = weakref.WeakValueDictionary()
-
-
 class PackedLinear(nn.Module):
     """`y = x @ W.T + b` with W held only in oneDNN's blocked layout (CPU, fp32).
 
@@ -95,7 +91,7 @@ class PackedLinear(nn.Module):
 
     A compiled graph cannot hold the packed copy (the compiler neither traces nor caches oneDNN
     tensors), so under tracing the product becomes one `radixkv::packed_linear` node whose input
-    is the module's `key`, a one-element tensor the op maps back to this module. The graph then
+    is the module's `key`, a one-element tensor naming this module (`linear_ops`). The graph then
     refers to no particular model: the same compiled code (and its on-disk cache) serves any
     load of the same architecture, each call finding its own weights.
     """
@@ -104,10 +100,10 @@ class PackedLinear(nn.Module):
         super().__init__()
         self.out_features, self.in_features = weight.shape
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous())
-        self.bias = None if bias is None else bias.detach().clone()
+        self.bias = None if bias is None else bias.detach().float().clone()
         self.small = packed_gemm.PanelGemm.of(self.packed, self.out_features, self.in_features, self.bias)
-        self.register_buffer("key", torch.zeros(1, dtype=torch.uint8), persistent=False)  # (1,) names this module
-        _packed_by_key[self.key.data_ptr()] = self
+        self.register_buffer("key", linear_ops.new_key(), persistent=False)  # (1,) int64 names this module
+        linear_ops.register(self, None if self.small is None else self.small.width, torch.ops.mkldnn.data_ptr(self.packed))
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         """(T, in) -> (T, out), plus `residual` (T, out) if given, added inside the GEMM."""
@@ -126,33 +122,6 @@ class PackedLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
-
-
-def _packed(key: torch.Tensor) -> PackedLinear:
-    module = _packed_by_key.get(key.data_ptr())  # the key's storage address
-    if module is None:
-        raise RuntimeError("radixkv::packed_linear: no live PackedLinear owns this key")
-    return module
-
-
-@torch.library.custom_op("radixkv::packed_linear", mutates_args=())
-def _packed_linear_op(x: torch.Tensor, key: torch.Tensor, out_features: int) -> torch.Tensor:  # (T, in) -> (T, out)
-    return _packed(key).product(x)
-
-
-@_packed_linear_op.register_fake
-def _(x, key, out_features):
-    return x.new_empty((x.shape[0], out_features))
-
-
-@torch.library.custom_op("radixkv::packed_linear_add", mutates_args=())
-def _packed_linear_add_op(x: torch.Tensor, residual: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
-    return _packed(key).product(x, residual)  # (T, in) -> (T, out) + residual
-
-
-@_packed_linear_add_op.register_fake
-def _(x, residual, key):
-    return torch.empty_like(residual)
 
 
 def linear_add(linear: nn.Module, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
