@@ -36,6 +36,8 @@ def planned(lens, shared_prefix=0, scattered=True, slots=4096, seed=0):
     ([1], 4, 4, 64, 0, True),
     ([37], 9, 3, 64, 0, False),  # one row on consecutive slots: the in-place narrow of the SDPA path
     ([5, 90, 17], 9, 3, 64, 0, True),  # ragged: padding never read
+    ([333], 14, 2, 64, 0, True),  # batch 1: a work item per KV head; 7 query heads each (4 + 3 in the V pass)
+    ([48, 16, 31, 15], 10, 2, 64, 0, True),  # whole 16-slot blocks of scores, a block and a tail, only a tail
     ([200] * 8, 8, 2, 128, 0, True),
     ([700, 650, 690, 701, 699], 6, 1, 64, 600, True),  # a shared prefix: cascade merges with the kernel's lse
     ([1100, 1030, 1200], 4, 2, 32, 1024, False),
