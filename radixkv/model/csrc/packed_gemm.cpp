@@ -104,15 +104,20 @@ extern "C" int64_t radixkv_packed_gemm_vector_bits() {
 #endif
 }
 
-// N and NB are multiples of 16, NB divides N. The N / 16 column vectors are split into one
-// contiguous range per thread; within a panel a thread takes up to 4 vectors at a time.
+// N and NB are multiples of 16, NB divides N. Each thread takes whole panels, so it streams
+// one contiguous range of the buffer (with 15 or 9 panels, a panel split between two threads
+// was read in strided halves: splitting at panel bounds, even 8 : 7, measured 1.5-2 % faster
+// over SmolLM2's weights); with fewer panels than threads, ranges of 16-column vectors. Within
+// a panel a thread takes up to 4 vectors at a time.
 extern "C" void radixkv_packed_gemm(const float* x, int64_t ldx, const float* P, const float* bias,
                                     const float* res, float* y, int64_t M, int64_t N, int64_t K, int64_t NB) {
   const int64_t nvec = N / 16, per_panel = NB / 16;
 #pragma omp parallel
   {
     const int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
-    const int64_t lo = nvec * t / nt, hi = nvec * (t + 1) / nt;
+    const int64_t panels = N / NB;
+    const int64_t lo = panels >= nt ? panels * t / nt * per_panel : nvec * t / nt;
+    const int64_t hi = panels >= nt ? panels * (t + 1) / nt * per_panel : nvec * (t + 1) / nt;
     for (int64_t v = lo; v < hi;) {
       const int64_t panel = v / per_panel, within = v % per_panel;
       int64_t take = per_panel - within;
