@@ -117,12 +117,14 @@ def test_the_wheel_and_the_sdist_hold_every_module_of_the_tree(wheels):
 
 def test_the_wheel_and_the_sdist_ship_the_dashboard_page_and_the_kernel_sources(wheels):
     """The /dashboard page is package data (radixkv/server/http/static/), read when its module
-    imports; so are the CPU kernels' sources (decode attention, small-batch GEMM), built on first use."""
+    imports; so are the CPU kernels' sources (paged attention, small-batch GEMM, the graph operators), built on first use."""
     for wheel in wheels:
         names = zipfile.ZipFile(wheel).namelist()
         assert "radixkv/server/http/static/dashboard.html" in names, wheel.name
-        assert "radixkv/attention/csrc/paged_decode.cpp" in names, wheel.name
-        assert "radixkv/model/csrc/packed_gemm.cpp" in names, wheel.name
+        for source in ("attention/csrc/paged_decode.cpp", "attention/csrc/paged_extend.cpp",
+                       "attention/csrc/attention_ops.cpp", "attention/csrc/simd_exp.h",
+                       "model/csrc/packed_gemm.cpp", "model/csrc/linear_ops.cpp", "model/csrc/mkl_dispatch.cpp"):
+            assert f"radixkv/{source}" in names, (wheel.name, source)
 
 
 def test_every_module_imports_from_the_installed_wheel(installed, tmp_path):

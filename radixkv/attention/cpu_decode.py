@@ -33,7 +33,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.radixkv_paged_decode.restype = ctypes.c_int64
 
 
-KERNEL = NativeLibrary("paged_decode", Path(__file__).with_name("csrc") / "paged_decode.cpp", 3, _declare)
+_CSRC = Path(__file__).with_name("csrc")
+KERNEL = NativeLibrary("paged_decode", _CSRC / "paged_decode.cpp", 3, _declare, includes=(_CSRC / "simd_exp.h",))
 
 
 def library() -> ctypes.CDLL | None:

@@ -34,7 +34,7 @@ from radixkv.native import NativeLibrary
 
 _CSRC = Path(__file__).with_name("csrc")
 NATIVE = NativeLibrary("attention_ops", _CSRC / "attention_ops.cpp", 1, lambda lib: None, torch_ops=True,
-                       includes=(_CSRC / "paged_decode.cpp",))
+                       includes=(_CSRC / "paged_decode.cpp", _CSRC / "simd_exp.h"))
 
 _active: list[tuple[AttentionBackend, ForwardBatch]] = []
 _native_state: list[bool] = []  # [whether the C++ kernel is registered], once looked for

@@ -42,7 +42,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from radixkv.attention import cpu_decode
+from radixkv.attention import cpu_decode, cpu_extend
 from radixkv.attention.sdpa_plan import DecodeRows, ExtendSpan, SdpaPlan, ShortRows
 
 _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
@@ -82,14 +82,18 @@ def attention(
     d = p.decode
     if d is not None and d.all_rows:
         return decode_rows(q, k_buffer, v_buffer, d, sm_scale)
-    o = torch.empty_like(q)  # (T, Hq, D)
+    o = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # (T, Hq, D) contiguous
+    for g in p.shared_extends:
+        shared_extend(q, k, v, k_buffer, v_buffer, [p.spans[i] for i in g.spans], g.slots, sm_scale, o)
+    if p.kernel_rows is not None and cpu_extend.usable(q, k_buffer, v_buffer):
+        rows_q = q if q.stride(2) == 1 and q.stride(1) == q.shape[2] else q.contiguous()  # (T, Hq, D) rows
+        cpu_extend.paged_extend(rows_q, k_buffer, v_buffer, p.kernel_rows, sm_scale, o)  # every other row
+        return o
     in_group = {i for g in p.shared_extends for i in g.spans} | p.short_spans
     for i, s in enumerate(p.spans):
         if i not in in_group:
             new = slice(s.start, s.start + s.num_new)
             o[new] = extend_span(q[new], k[new], v[new], k_buffer, v_buffer, s.prefix_slots, sm_scale)
-    for g in p.shared_extends:
-        shared_extend(q, k, v, k_buffer, v_buffer, [p.spans[i] for i in g.spans], g.slots, sm_scale, o)
     if p.short is not None:
         valid = p.short.valid.reshape(-1)  # (B * N,)
         o.index_copy_(0, p.short.queries.reshape(-1)[valid],

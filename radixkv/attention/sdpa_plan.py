@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
+from radixkv.attention.cpu_extend import ExtendRows
+
 SHARED_MIN_SAVED_TOKENS = 1024
 """A shared prefix is read once when that saves reading at least this many KV tokens per layer
 (below it, the extra kernel calls cost more than the bytes they save)."""
@@ -80,6 +82,7 @@ class SdpaPlan:
     shared_extends: tuple[SharedExtend, ...] = ()
     short: ShortRows | None = None
     short_spans: frozenset[int] = frozenset()  # indices into `spans` that `short` attends
+    kernel_rows: ExtendRows | None = None  # for `cpu_extend`: every request but the shared groups'
 
 
 def plan(
@@ -92,7 +95,7 @@ def plan(
 ) -> SdpaPlan:
     rows, lens = req_pool_indices.tolist(), seq_lens.tolist()
     prefixes, starts = prefix_lens.tolist(), extend_start_loc.tolist()
-    spans, dec, info = [], [], []
+    spans, dec, info, span_b = [], [], [], []
     for b, (row, seq_len, prefix_len, start) in enumerate(zip(rows, lens, prefixes, starts)):
         n = seq_len - prefix_len
         if n == 1:
@@ -101,14 +104,29 @@ def plan(
             slots = req_to_token[row, :prefix_len].long() if prefix_len else None  # (P,)
             spans.append(ExtendSpan(start, n, slots))
             info.append((row, seq_len, prefix_len, start))
+            span_b.append(b)
     shared, spans = _shared_extends(spans)
     grouped = {i for g in shared for i in g.spans}  # a shared prefix read once beats the short path
     short = [i for i, (_, n, p, _) in enumerate(info) if i not in grouped and p and n - p <= SHORT_NEW]
     if len(short) < 2:  # one row alone: the flash path
         short = []
+    kernel = sorted([b for i, b in enumerate(span_b) if i not in grouped] + dec)
     return SdpaPlan(spans, _plan_decode(req_to_token, req_pool_indices, seq_lens,
                                         extend_start_loc, dec, num_tokens) if dec else None, tuple(shared),
-                    _plan_short(req_to_token, [info[i] for i in short]) if short else None, frozenset(short))
+                    _plan_short(req_to_token, [info[i] for i in short]) if short else None, frozenset(short),
+                    _plan_kernel_rows(req_to_token, req_pool_indices, seq_lens, prefix_lens, extend_start_loc, kernel)
+                    if spans and kernel else None)
+
+
+def _plan_kernel_rows(req_to_token, req_pool_indices, seq_lens, prefix_lens, extend_start_loc,
+                      batch_rows: list[int]) -> ExtendRows:
+    """The `cpu_extend` kernel's view of these rows of the batch: slots, lengths, where their
+    new tokens sit."""
+    idx = torch.tensor(batch_rows, dtype=torch.int64, device=seq_lens.device)
+    kv_len = seq_lens.index_select(0, idx).long()  # (B,)
+    slots = req_to_token.index_select(0, req_pool_indices.index_select(0, idx))[:, :int(kv_len.max())].long()  # (B, L)
+    return ExtendRows(slots.contiguous(), kv_len, extend_start_loc.index_select(0, idx).long(),
+                      kv_len - prefix_lens.index_select(0, idx).long())
 
 
 def _plan_short(req_to_token: torch.Tensor, short: list[tuple[int, int, int, int]]) -> ShortRows:
