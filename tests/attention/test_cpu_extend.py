@@ -1,7 +1,7 @@
 """The C++ paged extend kernel (`radixkv.attention.cpu_extend`) inside `sdpa_paged.attention`:
 against the masked reference and against the flash path (the kernel switched off), on paged
 batches with head_dim 64 -- cold prompts, cached prefixes split mid-page, mixed prefill and
-decode rows, GQA groups of 1, 3 and 7, token counts around its 4- and 16-token tiles -- and
+decode rows, GQA groups of 1, 3 and 7, token counts around its 8- and 16-token tiles, a padded key stride -- and
 next to a shared-prefix group, which keeps its cascade path; bad slots raise."""
 
 import pytest
@@ -43,7 +43,8 @@ def flash_path(q, k, v, batch, plan):
     ([600 + 66] * 3, [600] * 3, 9, 3),  # multi-turn follow-ups
     ([20, 9, 33, 17, 4], [0, 4, 32, 1, 0], 4, 4),  # prefill, extend, a 1-token chunk; MHA
     ([12, 40, 7, 25, 19], [11, 0, 6, 10, 18], 14, 2),  # decode rows among extends; groups of 7
-    ([2, 16, 17, 31, 33], [0, 0, 0, 0, 1], 9, 3),  # around the 4- and 16-token tiles
+    ([2, 16, 17, 31, 33], [0, 0, 0, 0, 1], 9, 3),  # around the 8- and 16-token tiles
+    ([512, 300], [448, 0], 9, 3),  # 512 keys: the key buffer's row stride padded off a multiple of 1 KB
 ])
 def test_the_kernel_matches_the_reference_and_the_flash_path(seq_lens, prefix_lens, hq, hkv):
     batch, q, k, v, plan = setup(seq_lens, prefix_lens, hq, hkv, seed=len(seq_lens) + hq)
