@@ -2,9 +2,10 @@
 
 Each kernel is one plain C++ file (no torch headers) compiled with the machine's C++ compiler
 (the one torch's inductor needs already) at `-O3 -march=native -fopenmp`, into
-`<cache root>/kernels/<name>-<key>.so`, the key hashing the source, the compiler's version and
-the CPU's flags; later starts load the built library (a few ms). OpenMP resolves to the runtime
-torch already loaded (same soname), so a kernel and torch share one thread pool.
+`<cache root>/kernels/<name>-<key>.so`, the key hashing the source and every file it
+`#include "..."`s, the compiler's version and the CPU's flags; later starts load the built
+library (a few ms). OpenMP resolves to the runtime torch already loaded (same soname), so a
+kernel and torch share one thread pool.
 
 A library that registers torch operators (`torch_ops=True`: a compiled graph calls them without
 going through Python) is built the same way against torch's headers (about 10 s, once per
@@ -21,6 +22,7 @@ import hashlib
 import logging
 import os
 import platform
+import re
 import shutil
 import subprocess
 import tempfile
@@ -63,12 +65,11 @@ class NativeLibrary:
     signatures of the loaded library."""
 
     def __init__(self, name: str, source: Path, abi: int, declare: Callable[[ctypes.CDLL], None],
-                 torch_ops: bool = False, includes: tuple[Path, ...] = ()):
+                 torch_ops: bool = False):
         """`torch_ops`: the source registers torch operators (`TORCH_LIBRARY_FRAGMENT`), so it is
-        built against torch's headers and libraries and loaded with `torch.ops.load_library`;
-        `includes`: the sources it `#include`s, part of the build's key."""
+        built against torch's headers and libraries and loaded with `torch.ops.load_library`."""
         self.name, self.source, self.abi, self.declare = name, source, abi, declare
-        self.torch_ops, self.includes = torch_ops, includes
+        self.torch_ops = torch_ops
         self._lock = threading.Lock()
         self._state: dict[str, ctypes.CDLL | None] = {}
 
@@ -98,9 +99,9 @@ class NativeLibrary:
             return None
         try:
             version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
-            h = hashlib.sha256(self.source.read_bytes() + version.encode() + _cpu_id().encode())
-            for extra in self.includes:
-                h.update(extra.read_bytes())
+            h = hashlib.sha256(version.encode() + _cpu_id().encode())
+            for source in _sources(self.source):
+                h.update(source.read_bytes())
             if self.torch_ops:
                 import torch
 
@@ -110,8 +111,6 @@ class NativeLibrary:
                 logger.info("building the %s kernel (%s)", self.name, path)
                 self._build(cxx, path)
             if self.torch_ops:
-                import torch
-
                 torch.ops.load_library(str(path))  # runs its operator registrations
             lib = ctypes.CDLL(str(path))
             if getattr(lib, f"radixkv_{self.name}_abi")() != self.abi:
@@ -132,6 +131,22 @@ class NativeLibrary:
             if proc.returncode:
                 raise RuntimeError(f"{' '.join(cmd)} failed: {proc.stderr[-2000:]}")
             os.replace(target, out)  # atomic: a concurrent builder's copy is as good
+
+
+def _sources(source: Path) -> list[Path]:
+    """`source` and every file it `#include "..."`s, transitively (relative to the including
+    file): what a build's key must hash so that editing any of them rebuilds."""
+    found, todo = [], [source.resolve()]
+    while todo:
+        path = todo.pop()
+        if path in found:
+            continue
+        found.append(path)
+        todo += [(path.parent / m).resolve() for m in _QUOTED_INCLUDE.findall(path.read_text())]
+    return found
+
+
+_QUOTED_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.MULTILINE)
 
 
 def _torch_flags() -> list[str]:

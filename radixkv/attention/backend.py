@@ -118,6 +118,7 @@ class TorchBackend(ReferenceBackend):
         self.fused = pool.device.type == "cpu"
         self._sdpa_plan: sdpa_plan.SdpaPlan | None = None
         self._direct: list[tuple[torch.Tensor, torch.Tensor]] | None = None  # per layer: fp32 K, V (S, Hkv, D)
+        self._direct_lists: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None  # K's, V's
         self._direct_decode: sdpa_plan.DecodeRows | None | bool = False  # False: not decided this forward
 
     def begin_forward(self, fb: ForwardBatch) -> None:
@@ -142,8 +143,9 @@ class TorchBackend(ReferenceBackend):
         d = self._direct_decode if self._direct_decode is not False else self._plan_direct_decode(fb)
         if d is None or d.shared:  # shared prefixes are merged in Python (`kernel_decode_rows`)
             return None
-        return ([k for k, _ in self._direct], [v for _, v in self._direct], d.slots.view(-1, d.max_len), d.lens,
-                fb.out_cache_loc)
+        if self._direct_lists is None:  # the pool's buffers, fixed for the backend's life
+            self._direct_lists = [k for k, _ in self._direct], [v for _, v in self._direct]
+        return (*self._direct_lists, d.slots.view(-1, d.max_len), d.lens, fb.out_cache_loc)
 
     def _plan_direct_decode(self, fb: ForwardBatch) -> sdpa_plan.DecodeRows | None:
         """This forward's decode rows when the direct path serves it, else None (decided once)."""

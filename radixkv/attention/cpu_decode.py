@@ -33,8 +33,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.radixkv_paged_decode.restype = ctypes.c_int64
 
 
-_CSRC = Path(__file__).with_name("csrc")
-KERNEL = NativeLibrary("paged_decode", _CSRC / "paged_decode.cpp", 3, _declare, includes=(_CSRC / "simd_exp.h",))
+KERNEL = NativeLibrary("paged_decode", Path(__file__).with_name("csrc") / "paged_decode.cpp", 3, _declare)
 
 
 def library() -> ctypes.CDLL | None:
@@ -67,13 +66,13 @@ def paged_decode(
     S, Hkv, Dk = k_buffer.shape
     assert Dk == D and Hq % Hkv == 0 and slots.shape[0] == B and lens.shape == (B,), (q.shape, k_buffer.shape)
     assert slots.dtype == lens.dtype == torch.int64 and slots.is_contiguous() and lens.is_contiguous()
-    q = _rows(q)
+    q = rows_contiguous(q)
     out = torch.empty((B, Hq, D), dtype=torch.float32)
     lse = torch.empty(B, Hq, dtype=torch.float32) if with_lse else None
     k_new = v_new = loc = None
     T = 0
     if store is not None:
-        k_new, v_new, loc = _rows(store[0]), _rows(store[1]), store[2].contiguous()
+        k_new, v_new, loc = rows_contiguous(store[0]), rows_contiguous(store[1]), store[2].contiguous()
         T = loc.shape[0]
         assert k_new.shape == v_new.shape == (T, Hkv, D) and k_new.dtype == v_new.dtype == torch.float32, k_new.shape
         assert loc.dtype == torch.int64, loc.dtype
@@ -92,7 +91,7 @@ def paged_decode(
     return out, lse
 
 
-def _rows(x: torch.Tensor) -> torch.Tensor:
+def rows_contiguous(x: torch.Tensor) -> torch.Tensor:
     """x (N, H, D) fp32 with each row's (H, D) contiguous (rows may lie any stride apart, as
     the views of a fused QKV output do): x itself, or a contiguous copy."""
     assert x.dtype == torch.float32, x.dtype

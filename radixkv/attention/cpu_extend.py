@@ -23,10 +23,10 @@ from pathlib import Path
 
 import torch
 
+from radixkv.attention.cpu_decode import rows_contiguous
 from radixkv.errors import CacheInvariantError
 from radixkv.native import NativeLibrary
 
-_CSRC = Path(__file__).with_name("csrc")
 
 
 def _declare(lib: ctypes.CDLL) -> None:
@@ -36,7 +36,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.radixkv_paged_extend_vector_bits.restype = ctypes.c_int64
 
 
-KERNEL = NativeLibrary("paged_extend", _CSRC / "paged_extend.cpp", 1, _declare, includes=(_CSRC / "simd_exp.h",))
+KERNEL = NativeLibrary("paged_extend", Path(__file__).with_name("csrc") / "paged_extend.cpp", 1, _declare)
 
 
 def library() -> ctypes.CDLL | None:
@@ -64,7 +64,7 @@ def usable(q: torch.Tensor, k_buffer, v_buffer) -> bool:
 
 
 def paged_extend(
-    q: torch.Tensor,  # (T, Hq, 64) fp32, each row's (Hq, 64) contiguous
+    q: torch.Tensor,  # (T, Hq, 64) fp32
     k_buffer: torch.Tensor,  # (S, Hkv, 64) fp32, contiguous, the new tokens' K/V already stored
     v_buffer: torch.Tensor,  # (S, Hkv, 64)
     rows: ExtendRows,
@@ -72,9 +72,10 @@ def paged_extend(
     out: torch.Tensor,  # (T, Hq, 64) fp32 contiguous: the requests' rows are written
 ) -> None:
     """Causal attention of each request's new tokens over its slots (see the module docstring)."""
+    q = rows_contiguous(q)
     T, Hq, D = q.shape
     S, Hkv, _ = k_buffer.shape
-    assert q.stride(2) == 1 and q.stride(1) == D and out.is_contiguous() and out.shape == q.shape, (q.stride(), out.shape)
+    assert out.is_contiguous() and out.shape == q.shape, (out.stride(), out.shape)
     B, L = rows.slots.shape
     bad = library().radixkv_paged_extend(q.data_ptr(), q.stride(0), k_buffer.data_ptr(), v_buffer.data_ptr(),
                                          rows.slots.data_ptr(), rows.kv_len.data_ptr(), rows.q_start.data_ptr(),

@@ -32,9 +32,8 @@ from radixkv.attention.backend import AttentionBackend
 from radixkv.attention.forward_batch import ForwardBatch
 from radixkv.native import NativeLibrary
 
-_CSRC = Path(__file__).with_name("csrc")
-NATIVE = NativeLibrary("attention_ops", _CSRC / "attention_ops.cpp", 1, lambda lib: None, torch_ops=True,
-                       includes=(_CSRC / "paged_decode.cpp", _CSRC / "simd_exp.h"))
+NATIVE = NativeLibrary("attention_ops", Path(__file__).with_name("csrc") / "attention_ops.cpp", 1, lambda lib: None,
+                       torch_ops=True)
 
 _active: list[tuple[AttentionBackend, ForwardBatch]] = []
 _native_state: list[bool] = []  # [whether the C++ kernel is registered], once looked for

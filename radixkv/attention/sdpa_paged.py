@@ -86,8 +86,7 @@ def attention(
     for g in p.shared_extends:
         shared_extend(q, k, v, k_buffer, v_buffer, [p.spans[i] for i in g.spans], g.slots, sm_scale, o)
     if p.kernel_rows is not None and cpu_extend.usable(q, k_buffer, v_buffer):
-        rows_q = q if q.stride(2) == 1 and q.stride(1) == q.shape[2] else q.contiguous()  # (T, Hq, D) rows
-        cpu_extend.paged_extend(rows_q, k_buffer, v_buffer, p.kernel_rows, sm_scale, o)  # every other row
+        cpu_extend.paged_extend(q, k_buffer, v_buffer, p.kernel_rows, sm_scale, o)  # every other row
         return o
     in_group = {i for g in p.shared_extends for i in g.spans} | p.short_spans
     for i, s in enumerate(p.spans):

@@ -25,9 +25,8 @@ import torch
 
 from radixkv.native import NativeLibrary
 
-_CSRC = Path(__file__).with_name("csrc")
-NATIVE = NativeLibrary("linear_ops", _CSRC / "linear_ops.cpp", 1, lambda lib: None, torch_ops=True,
-                       includes=(_CSRC / "packed_gemm.cpp",))
+NATIVE = NativeLibrary("linear_ops", Path(__file__).with_name("csrc") / "linear_ops.cpp", 1, lambda lib: None,
+                       torch_ops=True)
 
 _lib = torch.library.Library("radixkv", "FRAGMENT")  # kept alive: the definitions live as long as it
 _lib.define("packed_linear(Tensor x, Tensor key, int out_features) -> Tensor")

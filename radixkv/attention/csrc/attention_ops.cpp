@@ -57,7 +57,7 @@ void direct_decode_begin(at::TensorList k, at::TensorList v, const at::Tensor& s
 void direct_decode_end() { direct = DirectDecode{}; }
 
 // x (N, H, D) fp32 with each row's (H, D) contiguous, rows any stride apart (the views of a fused
-// QKV output): itself, or a contiguous copy. (cpu_decode._rows)
+// QKV output): itself, or a contiguous copy. (cpu_decode.rows_contiguous)
 at::Tensor rows(const at::Tensor& x) {
   const int64_t H = x.size(1), D = x.size(2);
   if (x.stride(2) == 1 && x.stride(1) == D && x.stride(0) >= H * D) return x;

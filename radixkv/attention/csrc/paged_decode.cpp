@@ -40,30 +40,6 @@
 #ifdef __AVX512F__
 #include <immintrin.h>
 
-// Softmax of one row of n scores in place: returns (max, sum of exp(s - max)).
-static inline void softmax_row(float* s, int64_t n, float* m_out, float* sum_out) {
-  __m512 vm = _mm512_set1_ps(-INFINITY);
-  int64_t t = 0;
-  for (; t + 16 <= n; t += 16) vm = _mm512_max_ps(vm, _mm512_loadu_ps(s + t));
-  float m = _mm512_reduce_max_ps(vm);
-  for (; t < n; ++t) m = s[t] > m ? s[t] : m;
-  const __m512 bm = _mm512_set1_ps(m);
-  __m512 vs = _mm512_setzero_ps();
-  for (t = 0; t + 16 <= n; t += 16) {
-    const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(s + t), bm));
-    _mm512_storeu_ps(s + t, e);
-    vs = _mm512_add_ps(vs, e);
-  }
-  if (t < n) {
-    const __mmask16 k = static_cast<__mmask16>((1u << (n - t)) - 1);
-    const __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + t), bm));
-    _mm512_mask_storeu_ps(s + t, k, e);
-    vs = _mm512_add_ps(vs, _mm512_maskz_mov_ps(k, e));
-  }
-  *m_out = m;
-  *sum_out = _mm512_reduce_add_ps(vs);
-}
-
 // Lane i = the sum of a[i]'s 16 lanes, for i < 16: four rounds of shuffles and adds (45 ops for
 // 16 sums, where a horizontal sum each takes 8 and a dependent chain).
 static inline __m512 sum16(const __m512* a) {
@@ -121,18 +97,6 @@ static inline void weighted_v64(const float* v, const int64_t* sl, int64_t n, in
 #pragma GCC unroll 4
   for (int j = 0; j < G; ++j)
     for (int c = 0; c < 4; ++c) _mm512_storeu_ps(out + j * 64 + 16 * c, acc[j][c]);
-}
-#else
-static inline void softmax_row(float* s, int64_t n, float* m_out, float* sum_out) {
-  float m = -INFINITY;
-  for (int64_t t = 0; t < n; ++t) m = s[t] > m ? s[t] : m;
-  float sum = 0.f;
-  for (int64_t t = 0; t < n; ++t) {
-    s[t] = std::exp(s[t] - m);
-    sum += s[t];
-  }
-  *m_out = m;
-  *sum_out = sum;
 }
 #endif
 

@@ -110,15 +110,7 @@ static void tile(const float* const* qrow, int R, int64_t pos0, const float* kT,
       for (int64_t t = 0; t < n16; t += 16) _mm512_storeu_ps(s + r * Lk + t, _mm512_setzero_ps());
       continue;
     }
-    float* sr = s + r * Lk;
-    const __m512 bm = _mm512_set1_ps(mx[r]);
-    __m512 vs = _mm512_setzero_ps();
-    for (int64_t t = 0; t < n16; t += 16) {
-      const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(sr + t), bm));
-      _mm512_storeu_ps(sr + t, e);
-      vs = _mm512_add_ps(vs, e);
-    }
-    inv[r] = 1.f / _mm512_reduce_add_ps(vs);
+    inv[r] = 1.f / exp_shifted_row(s + r * Lk, n16, mx[r]);  // the masked keys' -inf give 0
   }
   constexpr int NC = RT == 8 ? 2 : 4;  // 16-float columns of V per pass
   for (int c0 = 0; c0 < 4; c0 += NC) {
